@@ -1,0 +1,128 @@
+"""The one sampler (train.py and evaluate.py both use it) and the scoring forward that must agree with it.
+
+generate(): batched autoregressive sampling with a KV cache.
+  * Prompts are left-padded, so every row's next token sits in the last column. Position ids come from the
+    attention mask (cumsum - 1), never from the column index, so a padded prompt sees the positions it would
+    see alone. token_logprobs() derives them the same way: otherwise the training forward scores the sampled
+    tokens at other positions than they were sampled at, and the log-probs of pi_old and pi_theta disagree.
+  * Each prompt is prefilled once and its cache copied to its n rollouts (a group shares one prompt).
+  * A row that emits EOS leaves the decode batch, so the batch shrinks while the longest rows finish
+    instead of decoding padding to the end.
+  * The log-prob of every sampled token is kept: these are log pi_old for the ratio of grpo.py G2.
+
+Layout of what it returns (N = number of prompts * n, P = longest prompt, T = longest response):
+
+    input_ids       [N, P + T]  pad .. pad prompt | response EOS pad .. pad
+    attention_mask  [N, P + T]  0   .. 0   1...1  | 1 ...    1   0   .. 0
+    response_mask   [N, T]      1 for generated tokens up to and including the first EOS (grpo.md m_{i,t})
+    logprobs        [N, T]      log pi_old of each sampled token (0 where response_mask is 0)
+    truncated       [N]         True where no EOS came within max_new_tokens
+
+The response mask is built from where EOS was sampled, not from `ids != pad`: with pad == eos (Qwen2.5 base,
+the tiny world) the latter would drop the real EOS from the loss, and the model would never learn to stop.
+"""
+import torch
+from transformers import DynamicCache
+
+
+def left_pad(prompts: list, pad_id: int):
+    """Token-id lists -> (ids [B, P], attention_mask [B, P]), padded on the left."""
+    P = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)  # [B, P]
+    mask = torch.zeros((len(prompts), P), dtype=torch.long)  # [B, P]
+    for i, p in enumerate(prompts):
+        ids[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, P - len(p):] = 1
+    return ids, mask
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only: [0,0,1,1,1] mask -> [0,0,0,1,2]."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
+
+
+@torch.no_grad()
+def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperature: float, eos_id: int,
+             pad_id: int) -> dict:
+    """Sample n completions for each prompt (token-id lists). temperature 0 means greedy.
+
+    The log-probs are those of the distribution the token was drawn from, softmax(logits / temperature)
+    (softmax(logits) when greedy); token_logprobs() with the same temperature reproduces them.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    ids, mask = left_pad(prompts, pad_id)
+    ids, mask = ids.to(device), mask.to(device)
+    cache = DynamicCache()
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), past_key_values=cache,
+                use_cache=True, logits_to_keep=1)
+    logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # [N, V]
+    cache.batch_repeat_interleave(n)  # one prefill per prompt, copied to its n rollouts
+    mask = mask.repeat_interleave(n, 0)  # [N, P]
+    pos = mask.sum(-1, keepdim=True)  # [N, 1] position of the first response token
+    N = mask.shape[0]
+    tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)  # [N, T]
+    logprobs = torch.zeros((N, max_new_tokens), device=device)  # [N, T]
+    lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)  # [N]
+    active = torch.arange(N, device=device)  # [A] rows still decoding
+    for t in range(max_new_tokens):
+        logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)  # [A, V]
+        if temperature > 0:
+            nxt = torch.multinomial(logp.exp(), 1).squeeze(1)  # [A]
+        else:
+            nxt = logp.argmax(-1)  # [A]
+        tokens[active, t] = nxt
+        logprobs[active, t] = logp.gather(1, nxt[:, None]).squeeze(1)
+        done = nxt == eos_id  # [A]
+        lengths[active[done]] = t + 1
+        if done.all() or t == max_new_tokens - 1:
+            break
+        if done.any():  # finished rows leave the batch (their cache rows too)
+            keep = (~done).nonzero().squeeze(1)  # [A']
+            cache.batch_select_indices(keep)
+            active, nxt, mask, pos = active[keep], nxt[keep], mask[keep], pos[keep]
+        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)  # [A, P + t + 1]
+        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
+                    use_cache=True)
+        logits = out.logits[:, -1].float()  # [A, V]
+        pos = pos + 1
+    model.train(was_training)
+
+    T = int(lengths.max())
+    tokens, logprobs = tokens[:, :T], logprobs[:, :T]
+    response_mask = (torch.arange(T, device=device)[None, :] < lengths[:, None]).long()  # [N, T]
+    prompt_ids, prompt_mask = left_pad(prompts, pad_id)
+    prompt_ids = prompt_ids.to(device).repeat_interleave(n, 0)  # [N, P]
+    prompt_mask = prompt_mask.to(device).repeat_interleave(n, 0)  # [N, P]
+    return {
+        "input_ids": torch.cat([prompt_ids, tokens], dim=1),  # [N, P + T]
+        "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),  # [N, P + T]
+        "response_mask": response_mask,  # [N, T]
+        "logprobs": logprobs * response_mask,  # [N, T]
+        "truncated": tokens.gather(1, (lengths - 1)[:, None]).squeeze(1) != eos_id,  # [N]
+        "prompt_len": prompt_ids.shape[1],
+    }
+
+
+def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
+                   with_entropy: bool = False):
+    """log pi(o_t | q, o_<t) of every response token, by one forward over prompt + response.
+
+    input_ids, attention_mask: [N, P + T] as generate() returns them. Returns logp [N, T] and, if asked,
+    the entropy of each next-token distribution [N, T] (no gradient; a metric).
+    The logits at column j predict the token at column j + 1, so columns P-1 .. P+T-2 score the response.
+    """
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
+                use_cache=False)
+    logits = out.logits[:, prompt_len - 1:-1].float()  # [N, T, V]
+    if temperature > 0:
+        logits = logits / temperature
+    targets = input_ids[:, prompt_len:]  # [N, T]
+    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [N, T]
+    if not with_entropy:
+        return logp
+    with torch.no_grad():
+        p_all = torch.softmax(logits, dim=-1)  # [N, T, V]
+        entropy = -(p_all * torch.log_softmax(logits, dim=-1)).sum(-1)  # [N, T]
+    return logp, entropy

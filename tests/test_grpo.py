@@ -1,0 +1,114 @@
+"""G1-G5 of ../shared/papers/grpo.md on numbers small enough to check by hand."""
+import math
+
+import pytest
+import torch
+
+import grpo
+
+
+def test_g1_group_advantage_by_hand():
+    # r = [1, 1, 0, 0]: mean 0.5, unbiased std = sqrt((4 * 0.25) / 3) = 0.57735 -> A = +-0.5 / 0.57735 = +-0.8660
+    # r = [1, 0, 0, 0]: mean 0.25, std = sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5 -> A = [1.5, -0.5, -0.5, -0.5]
+    r = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    A = grpo.group_advantages(r)
+    s = 0.5 / math.sqrt(1 / 3)
+    assert torch.allclose(A[0], torch.tensor([s, s, -s, -s]), atol=1e-5)
+    assert torch.allclose(A[1], torch.tensor([1.5, -0.5, -0.5, -0.5]), atol=1e-5)
+
+
+def test_g1_flat_group_is_exactly_zero_and_dr_grpo_skips_std():
+    r = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    A = grpo.group_advantages(r)
+    assert torch.equal(A, torch.zeros_like(r))  # exactly 0, not NaN
+    # Dr. GRPO: r - mean(r) only; [1, 0, 0, 0] -> [0.75, -0.25, -0.25, -0.25]
+    A = grpo.group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0]]), scale_std=False)
+    assert torch.allclose(A, torch.tensor([[0.75, -0.25, -0.25, -0.25]]))
+
+
+def test_g2_ratio():
+    # exp(log 0.5 - log 0.25) = 2
+    rho = grpo.ratio(torch.tensor([math.log(0.5)]), torch.tensor([math.log(0.25)]))
+    assert torch.allclose(rho, torch.tensor([2.0]))
+
+
+def test_g3_clipped_surrogate_values_and_where_gradient_vanishes():
+    # eps = 0.2. rho 1.5, A +1 -> min(1.5, 1.2) = 1.2 (clipped high, no gradient)
+    #            rho 0.5, A -1 -> min(-0.5, -0.8) = -0.8 (clipped low, no gradient)
+    #            rho 0.5, A +1 -> min(0.5, 0.8) = 0.5 (unclipped: gradient dL/drho = A = 1)
+    #            rho 1.5, A -1 -> min(-1.5, -1.2) = -1.5 (unclipped: gradient -1)
+    #            rho 1.1, A +2 -> 2.2 (inside the range: gradient 2)
+    rho = torch.tensor([1.5, 0.5, 0.5, 1.5, 1.1], requires_grad=True)
+    A = torch.tensor([1.0, -1.0, 1.0, -1.0, 2.0])
+    L, low, high = grpo.clipped_surrogate(rho, A, eps_low=0.2)
+    assert torch.allclose(L, torch.tensor([1.2, -0.8, 0.5, -1.5, 2.2]))
+    assert low.tolist() == [False, True, False, False, False]
+    assert high.tolist() == [True, False, False, False, False]
+    L.sum().backward()
+    assert torch.allclose(rho.grad, torch.tensor([0.0, 0.0, 1.0, -1.0, 2.0]))
+
+
+def test_g3_decoupled_clip_range():
+    # eps_low 0.2, eps_high 0.28 (DAPO D1): rho 1.25, A +1 is inside [0.8, 1.28] -> 1.25 with gradient 1
+    rho = torch.tensor([1.25, 1.3], requires_grad=True)
+    L, _, high = grpo.clipped_surrogate(rho, torch.tensor([1.0, 1.0]), eps_low=0.2, eps_high=0.28)
+    assert torch.allclose(L, torch.tensor([1.25, 1.28]))
+    L.sum().backward()
+    assert rho.grad.tolist() == [1.0, 0.0] and high.tolist() == [False, True]
+
+
+def test_g4_k3_kl():
+    # ref - logp = d: d = 0 -> 0; d = log 2 -> 2 - log 2 - 1 = 0.30685; d = -log 2 -> 0.5 + log 2 - 1 = 0.19315
+    logp = torch.tensor([-1.0, -1.0 - math.log(2), -1.0 + math.log(2)], requires_grad=True)
+    ref = torch.tensor([-1.0, -1.0, -1.0])
+    kl = grpo.kl_k3(logp, ref)
+    assert torch.allclose(kl, torch.tensor([0.0, 2 - math.log(2) - 1, 0.5 + math.log(2) - 1]), atol=1e-6)
+    # d kl / d logp = -exp(d) + 1: 0, -1, +0.5
+    kl.sum().backward()
+    assert torch.allclose(logp.grad, torch.tensor([0.0, -1.0, 0.5]), atol=1e-6)
+
+
+X = torch.tensor([[1.0, 2.0, 9.0], [3.0, 9.0, 9.0]])
+M = torch.tensor([[1, 1, 0], [1, 0, 0]])
+
+
+@pytest.mark.parametrize("mode,expected", [
+    ("seq-mean-token-mean", (1.5 + 3.0) / 2),  # per sequence (1+2)/2 and 3/1, then mean over 2 sequences
+    ("token-mean", (1 + 2 + 3) / 3),  # all 3 masked tokens
+    ("seq-mean-token-sum-norm", ((1 + 2) + 3) / (2 * 4)),  # token sums over G * L_max, L_max = 4
+])
+def test_g5_aggregations(mode, expected):
+    assert grpo.aggregate(X, M, mode, max_new_tokens=4).item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+def test_g5_micro_batches_add_up_to_the_full_batch(mode):
+    torch.manual_seed(0)
+    logp = torch.randn(6, 5, requires_grad=True)
+    old = logp.detach() + 0.1 * torch.randn(6, 5)
+    adv = torch.randn(6, 1).expand(6, 5)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]])
+    ref = old - 0.05
+    kw = dict(agg=mode, max_new_tokens=5, beta=0.1)
+    full, _ = grpo.policy_loss(logp, old, adv, mask, ref_logp=ref, **kw)
+    g_full, = torch.autograd.grad(full, logp)
+    total, g_acc = 0.0, torch.zeros_like(logp)
+    for mb in (slice(0, 2), slice(2, 3), slice(3, 6)):  # uneven micro-batches
+        part, _ = grpo.policy_loss(logp[mb], old[mb], adv[mb], mask[mb], ref_logp=ref[mb], n_seqs=6,
+                                   n_tokens=mask.sum(), **kw)
+        g, = torch.autograd.grad(part, logp)
+        total, g_acc = total + part.item(), g_acc + g
+    assert total == pytest.approx(full.item(), abs=1e-6)
+    assert torch.allclose(g_acc, g_full, atol=1e-6)
+
+
+def test_policy_loss_at_rho_one_is_the_policy_gradient():
+    # mu = 1: rho = 1 where the gradient is taken, so d loss / d logp_{i,t} = -A_i / (G |o_i|) (seq-mean-token-mean)
+    # rows: |o_1| = 2, A_1 = 1 -> -1/(2*2) = -0.25 ; |o_2| = 1, A_2 = -1 -> +1/(2*1) = 0.5
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
+    adv = torch.tensor([[1.0, 1.0], [-1.0, 0.0]])
+    mask = torch.tensor([[1, 1], [1, 0]])
+    loss, stats = grpo.policy_loss(logp, logp.detach(), adv, mask)
+    loss.backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.25, -0.25], [0.5, 0.0]]))
+    assert stats["clip_low"] == 0 and stats["clip_high"] == 0

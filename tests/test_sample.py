@@ -1,0 +1,75 @@
+"""sample.py: the sampler against model.generate, and its log-probs against the training forward."""
+import random
+
+import torch
+
+import sample
+import tiny
+
+
+def prompts(tok, n, seed=0):
+    qs = tiny.train_problems(random.Random(seed), n, set(tiny.eval_problems()))
+    return [tok(tiny.prompt(q))["input_ids"] for q in qs]  # different lengths -> left padding
+
+
+def test_greedy_matches_model_generate(base):
+    model, tok = base
+    ps = prompts(tok, 12)
+    ours = sample.generate(model, ps, max_new_tokens=40, temperature=0.0, eos_id=tok.eos_token_id,
+                           pad_id=tok.pad_token_id)
+    ids, mask = sample.left_pad(ps, tok.pad_token_id)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[:, ids.shape[1]:]
+    P = ours["prompt_len"]
+    lengths = ours["response_mask"].sum(-1)
+    assert len(set(lengths.tolist())) > 1, "rows of different lengths are the point of this test"
+    for i in range(len(ps)):
+        n = lengths[i]
+        assert ours["input_ids"][i, P:P + n].tolist() == ref[i, :n].tolist()
+
+
+def test_sampled_logprobs_equal_the_training_forward(base):
+    model, tok = base
+    torch.manual_seed(0)
+    out = sample.generate(model, prompts(tok, 8, seed=1), n=4, max_new_tokens=40, temperature=1.0,
+                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    assert len(set(out["response_mask"].sum(-1).tolist())) > 1
+    with torch.no_grad():
+        logp = sample.token_logprobs(model, out["input_ids"], out["attention_mask"], out["prompt_len"])
+    m = out["response_mask"].bool()
+    assert (logp[m] - out["logprobs"][m]).abs().max() < 1e-5
+
+
+def test_temperature_is_applied_in_both_places(base):
+    model, tok = base
+    torch.manual_seed(0)
+    out = sample.generate(model, prompts(tok, 4, seed=2), n=2, max_new_tokens=40, temperature=0.7,
+                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    with torch.no_grad():
+        logp = sample.token_logprobs(model, out["input_ids"], out["attention_mask"], out["prompt_len"], 0.7)
+    m = out["response_mask"].bool()
+    assert (logp[m] - out["logprobs"][m]).abs().max() < 1e-5
+
+
+def test_eos_stays_in_the_mask_when_pad_is_eos(base):
+    model, tok = base
+    assert tok.pad_token_id == tok.eos_token_id
+    out = sample.generate(model, prompts(tok, 6, seed=3), max_new_tokens=40, temperature=0.0,
+                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    resp, mask = out["input_ids"][:, out["prompt_len"]:], out["response_mask"]
+    for i in range(resp.shape[0]):
+        n = int(mask[i].sum())
+        assert resp[i, n - 1] == tok.eos_token_id  # the last masked token is the EOS itself
+        assert (resp[i, n:] == tok.pad_token_id).all() and mask[i, n:].sum() == 0
+    assert not out["truncated"].any()
+
+
+def test_truncated_rows_are_flagged(base):
+    model, tok = base
+    out = sample.generate(model, prompts(tok, 3), max_new_tokens=5, temperature=0.0, eos_id=tok.eos_token_id,
+                          pad_id=tok.pad_token_id)
+    assert out["truncated"].all() and out["response_mask"].sum() == 15
+
+
+def test_position_ids_ignore_left_padding():
+    assert sample.position_ids(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]

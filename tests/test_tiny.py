@@ -1,0 +1,59 @@
+"""The tiny world: task, tokenizer (the AutoTokenizer pitfall), model size, held-out separation."""
+import random
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import tiny
+
+
+def test_task_by_hand():
+    # 7+8-9: 7+8 = 15, 15-9 = 6
+    assert tiny.answer("7+8-9") == "6"
+    assert tiny.solution("7+8-9") == "7+8=15\n15-9=6\n\\boxed{6}"
+    assert tiny.prompt("7+8-9") == "Q:7+8-9=?\nA:"
+    assert tiny.answer("1-7-4") == "-10"
+
+
+def test_checkpoint_dir_round_trips_through_auto_classes(tmp_path):
+    # ../shared/PITFALLS.md: AutoTokenizer in a qwen2 model directory must keep spaces and newlines
+    tok = tiny.build_tokenizer()
+    model = tiny.build_model(tok)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    auto = AutoTokenizer.from_pretrained(tmp_path)
+    text = "Q:3+5=?\nA: 8"
+    assert auto(text)["input_ids"] == tok(text)["input_ids"]
+    assert auto.decode(auto(text)["input_ids"]) == text
+    assert auto.eos_token_id == auto.pad_token_id == tok.eos_token_id
+    assert len(tok(text)["input_ids"]) == len(text)  # one token per character
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(loaded).__name__ == "Qwen2ForCausalLM"
+    n = sum(p.numel() for p in loaded.parameters())
+    assert 0.5e6 < n < 1.5e6
+
+
+def test_training_never_sees_held_out_problems():
+    held = set(tiny.eval_problems())
+    assert len(held) == tiny.N_EVAL
+    drawn = tiny.train_problems(random.Random(0), 5000, held)
+    assert not held & set(drawn)
+
+
+def test_sft_batch_masks_the_prompt():
+    tok = tiny.build_tokenizer()
+    ids, labels = tiny.sft_batch(tok, ["1+2"])
+    n_prompt = len(tiny.prompt("1+2"))
+    assert (labels[0, :n_prompt] == -100).all()
+    target = tok(tiny.solution("1+2"))["input_ids"] + [tok.eos_token_id]
+    assert labels[0, n_prompt:].tolist() == target
+
+
+def test_warm_start_lowers_the_loss():
+    tok = tiny.build_tokenizer()
+    model = tiny.build_model(tok)
+    ids, labels = tiny.sft_batch(tok, ["1+2", "3-4+5"])
+    before = model(input_ids=ids, labels=labels).loss.item()
+    tiny.warm_start(model, tok, steps=30, batch_size=16)
+    after = model(input_ids=ids, labels=labels).loss.item()
+    assert after < before - 0.5

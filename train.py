@@ -1,0 +1,251 @@
+"""Critic-free RL for math reasoning, one loop: sample -> reward -> advantage -> loss -> step -> log -> evaluate -> save.
+
+    python train.py --method grpo                 # the tiny world, on a laptop CPU, in a few minutes
+    python train.py --method grpo --model DIR     # any local HF causal LM directory (or a hub name, online)
+
+The equations live in grpo.py (G1-G5); this file only wires them together. Every step appends one JSON line to
+RUN_DIR/metrics.jsonl; checkpoints go to RUN_DIR/checkpoint (an HF model directory plus the optimizer, step
+and RNG states), and --resume continues from there.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+import evaluate
+import grpo
+import reward
+import sample
+import tiny
+
+METHODS = ["grpo"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--method", choices=METHODS, default="grpo")
+    p.add_argument("--model", default="tiny", help="'tiny' (built here), a local HF model directory, or a hub name")
+    p.add_argument("--run-dir", default=None, help="default: runs/METHOD-seedSEED")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint")
+    p.add_argument("--seed", type=int, default=0)
+    # sampling
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--prompts-per-step", type=int, default=16)
+    p.add_argument("--group-size", type=int, default=8, help="G, rollouts per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--problem-pool", type=int, default=0,
+                   help="train on a fixed pool of this many problems (0: fresh problems every step)")
+    # optimisation
+    p.add_argument("--lr", type=float, default=5e-5)
+    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--mu", type=int, default=1, help="optimizer updates per batch of rollouts (G3: the clip binds when > 1)")
+    p.add_argument("--micro-batch-size", type=int, default=64, help="rollouts per training forward (accumulated)")
+    # the objective
+    p.add_argument("--beta", type=float, default=0.0, help="G4 KL weight; 0 loads no reference model")
+    p.add_argument("--eps-low", type=float, default=0.2)
+    p.add_argument("--eps-high", type=float, default=None, help="default: eps-low (symmetric clip)")
+    p.add_argument("--agg", default="seq-mean-token-mean",
+                   choices=["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"], help="G5")
+    p.add_argument("--no-std-scale", action="store_true", help="G1 Dr. GRPO: A = r - mean(r)")
+    # evaluation and saving
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--save-every", type=int, default=50)
+    # hardware
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast for the training forward (GPU)")
+    p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward (GPU memory)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    args = p.parse_args(argv)
+    args.run_dir = args.run_dir or os.path.join("runs", f"{args.method}-seed{args.seed}")
+    return args
+
+
+def load_policy(name: str):
+    """(model, tokenizer, path): the tiny default, a local directory, or a hub name. Fails with one clear line."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if name == "tiny":
+        return tiny.load_or_build()
+    path = os.path.expanduser(name)
+    hub_like = not name.startswith((".", "/", "~")) and name.count("/") <= 1  # "Qwen/Qwen2.5-Math-1.5B"
+    if not os.path.isdir(path) and not hub_like:
+        sys.exit(f"--model {name}: no such directory")
+    try:
+        tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+        model = AutoModelForCausalLM.from_pretrained(path)
+    except OSError as e:
+        sys.exit(f"--model {name}: not a local directory, and it could not be loaded from the hub "
+                 f"(offline machine?): {str(e).splitlines()[0]}")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model, tok, name
+
+
+def save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, step, problem_rng, args):
+    """RUN_DIR/checkpoint = an HF model directory + state.pt. Written beside and swapped in, so a run killed
+    while saving keeps the previous checkpoint."""
+    final, tmp = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, "checkpoint.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save({"step": step, "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+                "problem_rng": problem_rng.getstate(), "args": vars(args)}, os.path.join(tmp, "state.pt"))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.makedirs(args.run_dir, exist_ok=True)
+    torch.manual_seed(args.seed)
+    problem_rng = random.Random(args.seed)
+    ckpt = os.path.join(args.run_dir, "checkpoint")
+    if args.resume and not os.path.isdir(ckpt):
+        sys.exit(f"--resume: no checkpoint in {ckpt}")
+
+    # ---- the policy, its optimizer, and (only if beta > 0) a frozen reference -----------------------------
+    model, tokenizer, model_path = load_policy(ckpt if args.resume else args.model)
+    model.to(args.device)
+    if args.grad_checkpointing:
+        model.gradient_checkpointing_enable()
+    ref_model = None
+    if args.beta > 0:
+        ref_model, _, _ = load_policy(args.model)
+        ref_model.to(args.device).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(args.warmup_steps, 1)))
+    start = 0
+    metrics_path = os.path.join(args.run_dir, "metrics.jsonl")
+    if args.resume:
+        state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+        problem_rng.setstate(state["problem_rng"])
+        scheduler.load_state_dict(state["scheduler"])
+        start = state["step"]
+        # drop the lines logged after the checkpoint: they are about to be recomputed
+        lines = [l for l in open(metrics_path) if json.loads(l).get("step", 0) <= start] if os.path.exists(metrics_path) else []
+        open(metrics_path, "w").writelines(lines)
+        print(f"resumed from {ckpt} at step {start}")
+    elif os.path.exists(metrics_path):
+        os.remove(metrics_path)
+
+    # ---- the task: the tiny world's held-out problems never appear in training -----------------------------
+    eval_qs = tiny.eval_problems()
+    held_out = set(eval_qs)
+    eval_prompts, eval_golds = [tiny.prompt(q) for q in eval_qs], [tiny.answer(q) for q in eval_qs]
+
+    def log(record):
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def run_eval(step):
+        r = evaluate.greedy_eval(model, tokenizer, eval_prompts, eval_golds, args.max_new_tokens)
+        log({"step": step, "eval_accuracy": r["accuracy"], "eval_response_len": r["response_len"],
+             "eval_boxed": r["boxed"], "eval_n": r["n"]})
+        return r["accuracy"]
+
+    if start == 0:
+        first_acc = run_eval(0)
+    else:
+        first_acc = next(json.loads(l)["eval_accuracy"] for l in open(metrics_path) if "eval_accuracy" in l)
+    print(f"greedy held-out accuracy before: {first_acc:.3f} ({len(eval_qs)} problems)")
+
+    B, G = args.prompts_per_step, args.group_size
+    pool = tiny.train_problems(random.Random(args.seed), args.problem_pool, held_out) if args.problem_pool else None
+    bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=args.method)
+    for step in bar:
+        # ---- 1. sample: B prompts x G rollouts, keeping log pi_old of every sampled token -----------------
+        t0 = time.time()
+        qs = [problem_rng.choice(pool) for _ in range(B)] if pool else tiny.train_problems(problem_rng, B, held_out)
+        prompt_ids = [tokenizer(tiny.prompt(q))["input_ids"] for q in qs]
+        batch = sample.generate(model, prompt_ids, n=G, max_new_tokens=args.max_new_tokens,
+                                temperature=args.temperature, eos_id=tokenizer.eos_token_id,
+                                pad_id=tokenizer.pad_token_id)
+        ids, attn, mask = batch["input_ids"], batch["attention_mask"], batch["response_mask"]  # [N,P+T] [N,P+T] [N,T]
+        P = batch["prompt_len"]
+        t_sample = time.time() - t0
+
+        # ---- 2. reward: 1 if the last \boxed{} equals the gold answer ---------------------------------------
+        texts = tokenizer.batch_decode(ids[:, P:], skip_special_tokens=True)
+        golds = [tiny.answer(q) for q in qs for _ in range(G)]
+        rewards = torch.tensor([reward.reward(t, g) for t, g in zip(texts, golds)]).view(B, G)  # [B, G]
+
+        # ---- 3. advantage: G1, one value per rollout, broadcast to its tokens ------------------------------
+        adv_seq = grpo.group_advantages(rewards, scale_std=not args.no_std_scale).view(-1)  # [N]
+        adv = adv_seq[:, None].to(args.device) * mask  # [N, T]
+
+        ref_logp = None
+        if ref_model is not None:
+            with torch.no_grad():
+                ref_logp = sample.token_logprobs(ref_model, ids, attn, P, args.temperature)  # [N, T]
+
+        # ---- 4-5. loss and optimizer step: mu updates, each accumulated over micro-batches -----------------
+        t0 = time.time()
+        model.train()
+        N, n_tokens = ids.shape[0], mask.sum()
+        stats_sum, entropy_sum, grad_norm = {}, 0.0, 0.0
+        for _ in range(args.mu):
+            optimizer.zero_grad(set_to_none=True)
+            for s in range(0, N, args.micro_batch_size):
+                mb = slice(s, s + args.micro_batch_size)
+                with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=args.bf16):
+                    logp, entropy = sample.token_logprobs(model, ids[mb], attn[mb], P, args.temperature,
+                                                          with_entropy=True)  # [n, T], [n, T]
+                # normalise by the whole batch's counts (G5), so the accumulated gradient is the full batch's
+                loss, st = grpo.policy_loss(
+                    logp, batch["logprobs"][mb], adv[mb], mask[mb], eps_low=args.eps_low, eps_high=args.eps_high,
+                    beta=args.beta, ref_logp=None if ref_logp is None else ref_logp[mb], agg=args.agg,
+                    max_new_tokens=args.max_new_tokens, n_seqs=N, n_tokens=n_tokens)
+                loss.backward()
+                for k, v in st.items():
+                    stats_sum[k] = stats_sum.get(k, 0.0) + v / args.mu
+                entropy_sum += (entropy * mask[mb]).sum().item() / args.mu
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
+            optimizer.step()
+        scheduler.step()
+        t_train = time.time() - t0
+
+        # ---- 6. log ----------------------------------------------------------------------------------------
+        record = {
+            "step": step + 1,
+            "reward_mean": rewards.mean().item(),
+            "accuracy": (rewards > 0).float().mean().item(),
+            "response_len": mask.sum(-1).float().mean().item(),
+            "entropy": entropy_sum / n_tokens.item(),
+            "zero_adv_groups": (rewards.std(dim=1) == 0).float().mean().item(),
+            "truncated": batch["truncated"].float().mean().item(),
+            "grad_norm": grad_norm,
+            "lr": scheduler.get_last_lr()[0],
+            "time_sample": t_sample,
+            "time_train": t_train,
+            **stats_sum,
+        }
+        record["clip_frac"] = record["clip_low"] + record["clip_high"]
+        log(record)
+        bar.set_postfix(reward=f"{record['reward_mean']:.2f}", len=f"{record['response_len']:.1f}")
+
+        # ---- 7. evaluate, 8. save ----------------------------------------------------------------------------
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            acc = run_eval(step + 1)
+            tqdm.write(f"step {step + 1}: greedy held-out accuracy {acc:.3f}")
+        if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+            save_checkpoint(args.run_dir, model, tokenizer, optimizer, scheduler, step + 1, problem_rng, args)
+
+    last = [json.loads(l) for l in open(metrics_path) if "eval_accuracy" in l][-1]["eval_accuracy"]
+    print(f"greedy held-out accuracy: {first_acc:.3f} -> {last:.3f}   (run directory: {args.run_dir})")
+    return first_acc, last
+
+
+if __name__ == "__main__":
+    main()
