@@ -20,11 +20,13 @@ from tqdm import tqdm
 
 import evaluate
 import grpo
+import ktae
+import plots
 import reward
 import sample
 import tiny
 
-METHODS = ["grpo"]
+METHODS = ["grpo", "ktae"]  # ktae = GRPO + KTAE (the paper's GRPO recipe plus key-token advantages)
 
 
 def parse_args(argv=None):
@@ -55,6 +57,11 @@ def parse_args(argv=None):
     p.add_argument("--agg", default="seq-mean-token-mean",
                    choices=["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"], help="G5")
     p.add_argument("--no-std-scale", action="store_true", help="G1 Dr. GRPO: A = r - mean(r)")
+    # KTAE (K6 weights and the paper's ablations)
+    p.add_argument("--ktae-alpha", type=float, default=1.0, help="K6 weight of the Fisher strength (0: ablate)")
+    p.add_argument("--ktae-beta", type=float, default=1.0, help="K6 weight of the information gain (0: ablate)")
+    p.add_argument("--ktae-top", type=float, default=1.0, help="K6 largest key-token value")
+    p.add_argument("--ktae-no-tf", action="store_true", help="K5 without the BM25 frequency term (D = h)")
     # evaluation and saving
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--save-every", type=int, default=50)
@@ -100,6 +107,24 @@ def save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, step, probl
                 "problem_rng": problem_rng.getstate(), "args": vars(args)}, os.path.join(tmp, "state.pt"))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
+
+
+def write_heatmap(args, step, tokenizer, qs, resp, mask, rewards, values):
+    """RUN_DIR/heatmaps/stepN.html: the first group of this batch that mixes right and wrong answers, every
+    token coloured by its key-token value (green +, red -, scale -1..+1)."""
+    G = args.group_size
+    mixed = [g for g in range(len(qs)) if 0 < (rewards[g] > 0).sum() < G]
+    if not mixed:
+        return
+    g = mixed[0]
+    rollouts = []
+    for i in range(g * G, (g + 1) * G):
+        n = int(mask[i].sum())
+        tokens = [tokenizer.decode([t]) for t in resp[i, :n].tolist()]
+        rollouts.append((tokens, values[i, :n].tolist(), rewards[g, i - g * G].item()))
+    os.makedirs(os.path.join(args.run_dir, "heatmaps"), exist_ok=True)
+    plots.token_heatmap(os.path.join(args.run_dir, "heatmaps", f"step{step}.html"),
+                        f"{args.method}: key-token values, step {step}", tiny.prompt(qs[g]), rollouts)
 
 
 def main(argv=None):
@@ -181,9 +206,16 @@ def main(argv=None):
         golds = [tiny.answer(q) for q in qs for _ in range(G)]
         rewards = torch.tensor([reward.reward(t, g) for t, g in zip(texts, golds)]).view(B, G)  # [B, G]
 
-        # ---- 3. advantage: G1, one value per rollout, broadcast to its tokens ------------------------------
-        adv_seq = grpo.group_advantages(rewards, scale_std=not args.no_std_scale).view(-1)  # [N]
-        adv = adv_seq[:, None].to(args.device) * mask  # [N, T]
+        # ---- 3. advantage: G1, one value per rollout, broadcast to its tokens; KTAE adds K7 per token ------
+        adv_seq = grpo.group_advantages(rewards, scale_std=not args.no_std_scale).view(-1).to(args.device)  # [N]
+        token_values = None
+        if args.method == "ktae":
+            token_values = ktae.batch_token_values(
+                ids[:, P:], mask, rewards, special_ids=(tokenizer.pad_token_id, tokenizer.eos_token_id),
+                alpha=args.ktae_alpha, beta=args.ktae_beta, top=args.ktae_top, use_tf=not args.ktae_no_tf)  # [N, T]
+            adv = ktae.token_advantages(adv_seq, token_values, mask)  # [N, T]
+        else:
+            adv = adv_seq[:, None] * mask  # [N, T]
 
         ref_logp = None
         if ref_model is not None:
@@ -230,6 +262,7 @@ def main(argv=None):
             "time_sample": t_sample,
             "time_train": t_train,
             **stats_sum,
+            **grpo.advantage_concentration(adv, mask, adv_seq),  # O7: ESS-ratio, top-10 % mass
         }
         record["clip_frac"] = record["clip_low"] + record["clip_high"]
         log(record)
@@ -239,6 +272,8 @@ def main(argv=None):
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             acc = run_eval(step + 1)
             tqdm.write(f"step {step + 1}: greedy held-out accuracy {acc:.3f}")
+            if token_values is not None:
+                write_heatmap(args, step + 1, tokenizer, qs, ids[:, P:], mask, rewards, token_values)
         if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
             save_checkpoint(args.run_dir, model, tokenizer, optimizer, scheduler, step + 1, problem_rng, args)
 

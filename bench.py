@@ -1,0 +1,88 @@
+"""Benchmarks that print numbers (targets are checked here, not in timed tests).
+
+    python bench.py            # KTAE's cost: one Qwen-sized group, and its share of a tiny-default RL step
+
+Medians of several runs after a warm-up, on whatever machine runs it (the README quotes a 2-core CPU).
+"""
+import random
+import statistics
+import time
+
+import torch
+
+import grpo
+import ktae
+import reward
+import sample
+import tiny
+
+
+def median_time(fn, repeat=7, warmup=2):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench_ktae_qwen_group():
+    """One group as Qwen2.5 would give it: G = 16 rollouts of 1024 tokens, ids up to 151,645 (uniformly random
+    ids: about 15k distinct ones, more than real text has, so this is the hard case)."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 151_646, (16, 1024), generator=g)
+    mask = torch.ones_like(ids)
+    mask[5, 700:] = 0
+    rewards = torch.tensor([1.0, 0.0] * 8)
+    t = median_time(lambda: ktae.group_token_values(ids, mask, rewards, special_ids=(151_643, 151_645)))
+    distinct = len(torch.unique(ids[mask.bool()]))
+    print(f"KTAE, one Qwen-sized group (G=16 x 1024 tokens, {distinct} distinct ids): {t * 1000:.1f} ms "
+          f"(target <= 100 ms)")
+
+
+def bench_ktae_share_of_tiny_step():
+    """KTAE's time against a whole RL step (sample + reward + advantage + loss + optimizer step) on the tiny
+    default: 16 prompts x 8 rollouts, 48 new tokens, temperature 1."""
+    model, tok, _ = tiny.load_or_build()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    qs = tiny.train_problems(random.Random(0), 16, set(tiny.eval_problems()))
+    prompts = [tok(tiny.prompt(q))["input_ids"] for q in qs]
+    golds = [tiny.answer(q) for q in qs for _ in range(8)]
+    state = {}
+
+    def step():
+        b = sample.generate(model, prompts, n=8, max_new_tokens=48, temperature=1.0, eos_id=tok.eos_token_id,
+                            pad_id=tok.pad_token_id)
+        P, mask = b["prompt_len"], b["response_mask"]
+        texts = tok.batch_decode(b["input_ids"][:, P:], skip_special_tokens=True)
+        r = torch.tensor([reward.reward(t, g) for t, g in zip(texts, golds)]).view(16, 8)
+        state["batch"], state["rewards"] = b, r
+        t0 = time.perf_counter()
+        values = ktae.batch_token_values(b["input_ids"][:, P:], mask, r, special_ids=(tok.eos_token_id,))
+        state["ktae"] = time.perf_counter() - t0
+        adv = ktae.token_advantages(grpo.group_advantages(r).view(-1), values, mask)
+        model.train()
+        logp = sample.token_logprobs(model, b["input_ids"], b["attention_mask"], P)
+        loss, _ = grpo.policy_loss(logp, b["logprobs"], adv, mask)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    step_times, ktae_times = [], []
+    for i in range(12):
+        t0 = time.perf_counter()
+        step()
+        if i >= 2:
+            step_times.append(time.perf_counter() - t0)
+            ktae_times.append(state["ktae"])
+    s, k = statistics.median(step_times), statistics.median(ktae_times)
+    print(f"tiny default RL step (ktae): {s * 1000:.0f} ms, of which KTAE {k * 1000:.1f} ms = {100 * k / s:.2f} % "
+          f"(target <= 2 %)")
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    bench_ktae_qwen_group()
+    bench_ktae_share_of_tiny_step()
