@@ -126,3 +126,27 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
         p_all = torch.softmax(logits, dim=-1)  # [N, T, V]
         entropy = -(p_all * torch.log_softmax(logits, dim=-1)).sum(-1)  # [N, T]
     return logp, entropy
+
+
+def select_rows(batch: dict, rows: torch.Tensor) -> dict:
+    """The rollouts `rows` of a batch that generate() returned (same layout)."""
+    return {k: v if k == "prompt_len" else v[rows] for k, v in batch.items()}
+
+
+def concat_batches(batches: list, pad_id: int) -> dict:
+    """Stack batches of generate() whose prompt and response widths differ (DAPO's dynamic sampling collects
+    several rounds): prompts get more left padding, responses more right padding, both with mask 0, so the
+    positions derived from the attention mask, and hence every log-prob, stay what they were."""
+    P = max(b["prompt_len"] for b in batches)
+    T = max(b["response_mask"].shape[1] for b in batches)
+    out = {k: [] for k in batches[0]}
+    for b in batches:
+        p, t = P - b["prompt_len"], T - b["response_mask"].shape[1]
+        pad = lambda x, left, right, value: torch.nn.functional.pad(x, (left, right), value=value)  # noqa: E731
+        out["input_ids"].append(pad(b["input_ids"], p, t, pad_id))
+        out["attention_mask"].append(pad(b["attention_mask"], p, t, 0))
+        out["response_mask"].append(pad(b["response_mask"], 0, t, 0))
+        out["logprobs"].append(pad(b["logprobs"], 0, t, 0.0))
+        for k in b.keys() - {"input_ids", "attention_mask", "response_mask", "logprobs", "prompt_len"}:
+            out[k].append(b[k])  # per-rollout fields ([N, ...]): stacked as they are
+    return {**{k: torch.cat(v) for k, v in out.items() if k != "prompt_len"}, "prompt_len": P}

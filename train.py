@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 import evaluate
+import dapo
 import grpo
 import ktae
 import plots
@@ -26,7 +27,14 @@ import reward
 import sample
 import tiny
 
-METHODS = ["grpo", "ktae"]  # ktae = GRPO + KTAE (the paper's GRPO recipe plus key-token advantages)
+# ktae = GRPO + KTAE (K7 on top of G1); dapo+ktae = DAPO + KTAE (K7 on top of DAPO's advantage)
+METHODS = ["grpo", "dapo", "ktae", "dapo+ktae"]
+# What --method dapo switches on (dapo.md D1-D4, rewards +-1, no KL); any of these flags given explicitly wins,
+# and each can be given alone on top of grpo, which is how the paper's ablation ladder is run.
+DAPO = {"eps_high": 0.28, "agg": "token-mean", "dynamic_sampling": True, "overlong_buffer": 8,
+        "signed_reward": True}
+GRPO = {"eps_high": None, "agg": "seq-mean-token-mean", "dynamic_sampling": False, "overlong_buffer": 0,
+        "signed_reward": False}
 
 
 def parse_args(argv=None):
@@ -53,9 +61,20 @@ def parse_args(argv=None):
     # the objective
     p.add_argument("--beta", type=float, default=0.0, help="G4 KL weight; 0 loads no reference model")
     p.add_argument("--eps-low", type=float, default=0.2)
-    p.add_argument("--eps-high", type=float, default=None, help="default: eps-low (symmetric clip)")
-    p.add_argument("--agg", default="seq-mean-token-mean",
-                   choices=["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"], help="G5")
+    p.add_argument("--eps-high", type=float, default=None, help="D1 clip-higher (dapo: 0.28; default eps-low)")
+    p.add_argument("--agg", default=None, choices=["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"],
+                   help="G5 (grpo: seq-mean-token-mean; dapo: token-mean, D3)")
+    # DAPO (dapo.md); --method dapo turns on all but the overlong filter
+    p.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=None,
+                   help="D2: keep only groups with 0 < #correct < G, sampling more until the batch is full")
+    p.add_argument("--max-sampling-rounds", type=int, default=10, help="D2: rounds of generation at most per step")
+    p.add_argument("--short-batch", choices=["train", "stop"], default="train",
+                   help="D2: after the last round, train on the groups kept, or stop with a message")
+    p.add_argument("--overlong-buffer", type=int, default=None,
+                   help="D4 L_cache, soft length penalty over the last tokens of --max-new-tokens (0: off; dapo: 8)")
+    p.add_argument("--overlong-filter", action="store_true", help="D4: mask truncated rollouts out of the loss")
+    p.add_argument("--signed-reward", action=argparse.BooleanOptionalAction, default=None,
+                   help="rewards +1 / -1 as DAPO (default 1 / 0)")
     p.add_argument("--no-std-scale", action="store_true", help="G1 Dr. GRPO: A = r - mean(r)")
     # KTAE (K6 weights and the paper's ablations)
     p.add_argument("--ktae-alpha", type=float, default=1.0, help="K6 weight of the Fisher strength (0: ablate)")
@@ -71,6 +90,10 @@ def parse_args(argv=None):
     p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward (GPU memory)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     args = p.parse_args(argv)
+    preset = DAPO if args.method.startswith("dapo") else GRPO
+    for k, v in preset.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     args.run_dir = args.run_dir or os.path.join("runs", f"{args.method}-seed{args.seed}")
     return args
 
@@ -190,26 +213,46 @@ def main(argv=None):
     pool = tiny.train_problems(random.Random(args.seed), args.problem_pool, held_out) if args.problem_pool else None
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=args.method)
     for step in bar:
-        # ---- 1. sample: B prompts x G rollouts, keeping log pi_old of every sampled token -----------------
+        # ---- 1. sample B prompts x G rollouts, keeping log pi_old of every sampled token ------------------
+        # With D2 (dynamic sampling) rounds of B prompts are drawn until B groups mix right and wrong answers.
         t0 = time.time()
-        qs = [problem_rng.choice(pool) for _ in range(B)] if pool else tiny.train_problems(problem_rng, B, held_out)
-        prompt_ids = [tokenizer(tiny.prompt(q))["input_ids"] for q in qs]
-        batch = sample.generate(model, prompt_ids, n=G, max_new_tokens=args.max_new_tokens,
-                                temperature=args.temperature, eos_id=tokenizer.eos_token_id,
-                                pad_id=tokenizer.pad_token_id)
+        kept_qs, kept, generated, rounds = [], [], 0, 0
+        while len(kept_qs) < B and rounds < (args.max_sampling_rounds if args.dynamic_sampling else 1):
+            qs = [problem_rng.choice(pool) for _ in range(B)] if pool else tiny.train_problems(problem_rng, B, held_out)
+            b = sample.generate(model, [tokenizer(tiny.prompt(q))["input_ids"] for q in qs], n=G,
+                                max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+            texts = tokenizer.batch_decode(b["input_ids"][:, b["prompt_len"]:], skip_special_tokens=True)
+            b["correct"] = torch.tensor([reward.is_correct(t, tiny.answer(q)) is True
+                                         for t, q in zip(texts, [q for q in qs for _ in range(G)])])  # [B*G]
+            keep = dapo.mixed_groups(b["correct"].view(B, G)) if args.dynamic_sampling else torch.ones(B, dtype=torch.bool)
+            kept_qs += [q for q, k in zip(qs, keep) if k]
+            kept.append(sample.select_rows(b, keep.repeat_interleave(G).nonzero().squeeze(1)))
+            generated, rounds = generated + B, rounds + 1
+        if len(kept_qs) < B and args.short_batch == "stop":
+            sys.exit(f"D2 dynamic sampling: only {len(kept_qs)} of {B} groups mixed right and wrong answers after "
+                     f"{rounds} rounds (--max-sampling-rounds); --short-batch train continues with what was kept")
+        if not kept_qs:
+            tqdm.write(f"step {step + 1}: no group mixed right and wrong answers in {rounds} rounds; no update")
+            continue
+        qs = kept_qs[:B]
+        batch = sample.select_rows(sample.concat_batches(kept, tokenizer.pad_token_id), torch.arange(len(qs) * G))
         ids, attn, mask = batch["input_ids"], batch["attention_mask"], batch["response_mask"]  # [N,P+T] [N,P+T] [N,T]
-        P = batch["prompt_len"]
+        P, Bk = batch["prompt_len"], len(qs)
         t_sample = time.time() - t0
 
-        # ---- 2. reward: 1 if the last \boxed{} equals the gold answer ---------------------------------------
-        texts = tokenizer.batch_decode(ids[:, P:], skip_special_tokens=True)
-        golds = [tiny.answer(q) for q in qs for _ in range(G)]
-        rewards = torch.tensor([reward.reward(t, g) for t, g in zip(texts, golds)]).view(B, G)  # [B, G]
+        # ---- 2. reward: the last \boxed{} against the gold answer; DAPO: +-1 and the D4 length penalty ------
+        correct = batch["correct"].view(Bk, G)  # [Bk, G]
+        rewards = dapo.signed_reward(correct) if args.signed_reward else correct.float()  # [Bk, G]
+        if args.overlong_buffer:
+            rewards = rewards + dapo.overlong_penalty(mask.sum(-1), args.max_new_tokens, args.overlong_buffer).view(Bk, G)
+        if args.overlong_filter:  # D4: truncated rollouts leave the loss (and the statistics of K2)
+            mask = dapo.overlong_filter(mask, batch["truncated"])  # [N, T]
 
         # ---- 3. advantage: G1, one value per rollout, broadcast to its tokens; KTAE adds K7 per token ------
         adv_seq = grpo.group_advantages(rewards, scale_std=not args.no_std_scale).view(-1).to(args.device)  # [N]
         token_values = None
-        if args.method == "ktae":
+        if args.method.endswith("ktae"):
             token_values = ktae.batch_token_values(
                 ids[:, P:], mask, rewards, special_ids=(tokenizer.pad_token_id, tokenizer.eos_token_id),
                 alpha=args.ktae_alpha, beta=args.ktae_beta, top=args.ktae_top, use_tf=not args.ktae_no_tf)  # [N, T]
@@ -252,11 +295,14 @@ def main(argv=None):
         record = {
             "step": step + 1,
             "reward_mean": rewards.mean().item(),
-            "accuracy": (rewards > 0).float().mean().item(),
+            "accuracy": correct.float().mean().item(),
             "response_len": mask.sum(-1).float().mean().item(),
             "entropy": entropy_sum / n_tokens.item(),
             "zero_adv_groups": (rewards.std(dim=1) == 0).float().mean().item(),
             "truncated": batch["truncated"].float().mean().item(),
+            "groups_generated": generated,
+            "groups_kept": len(qs),
+            "sampling_rounds": rounds,
             "grad_norm": grad_norm,
             "lr": scheduler.get_last_lr()[0],
             "time_sample": t_sample,

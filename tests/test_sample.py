@@ -73,3 +73,18 @@ def test_truncated_rows_are_flagged(base):
 
 def test_position_ids_ignore_left_padding():
     assert sample.position_ids(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+
+
+def test_concatenated_rounds_keep_their_logprobs(base):
+    # DAPO's dynamic sampling stacks rounds with different prompt and response widths
+    model, tok = base
+    torch.manual_seed(1)
+    kw = dict(max_new_tokens=40, temperature=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    b1 = sample.generate(model, [tok("Q:1+2=?\nA:")["input_ids"]], n=3, **kw)
+    b2 = sample.generate(model, prompts(tok, 3, seed=4), n=2, **kw)
+    both = sample.concat_batches([b1, sample.select_rows(b2, torch.tensor([0, 3, 5]))], tok.pad_token_id)
+    assert both["input_ids"].shape[0] == 6 and both["prompt_len"] == max(b1["prompt_len"], b2["prompt_len"])
+    with torch.no_grad():
+        logp = sample.token_logprobs(model, both["input_ids"], both["attention_mask"], both["prompt_len"])
+    m = both["response_mask"].bool()
+    assert (logp[m] - both["logprobs"][m]).abs().max() < 1e-5
