@@ -46,6 +46,8 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     # sampling
     p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop after this much training wall time (then evaluate and save): compare methods at equal time")
     p.add_argument("--prompts-per-step", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8, help="G, rollouts per prompt")
     p.add_argument("--max-new-tokens", type=int, default=48)
@@ -212,7 +214,9 @@ def main(argv=None):
     B, G = args.prompts_per_step, args.group_size
     pool = tiny.train_problems(random.Random(args.seed), args.problem_pool, held_out) if args.problem_pool else None
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=args.method)
+    t_start = time.time()
     for step in bar:
+        out_of_time = args.max_minutes is not None and time.time() - t_start > 60 * args.max_minutes
         # ---- 1. sample B prompts x G rollouts, keeping log pi_old of every sampled token ------------------
         # With D2 (dynamic sampling) rounds of B prompts are drawn until B groups mix right and wrong answers.
         t0 = time.time()
@@ -315,13 +319,17 @@ def main(argv=None):
         bar.set_postfix(reward=f"{record['reward_mean']:.2f}", len=f"{record['response_len']:.1f}")
 
         # ---- 7. evaluate, 8. save ----------------------------------------------------------------------------
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+        last_step = step + 1 == args.steps or out_of_time
+        if (step + 1) % args.eval_every == 0 or last_step:
             acc = run_eval(step + 1)
             tqdm.write(f"step {step + 1}: greedy held-out accuracy {acc:.3f}")
             if token_values is not None:
                 write_heatmap(args, step + 1, tokenizer, qs, ids[:, P:], mask, rewards, token_values)
-        if (step + 1) % args.save_every == 0 or step + 1 == args.steps:
+        if (step + 1) % args.save_every == 0 or last_step:
             save_checkpoint(args.run_dir, model, tokenizer, optimizer, scheduler, step + 1, problem_rng, args)
+        if out_of_time:
+            tqdm.write(f"--max-minutes {args.max_minutes} reached after {step + 1} steps")
+            break
 
     last = [json.loads(l) for l in open(metrics_path) if "eval_accuracy" in l][-1]["eval_accuracy"]
     print(f"greedy held-out accuracy: {first_acc:.3f} -> {last:.3f}   (run directory: {args.run_dir})")

@@ -58,3 +58,13 @@ def test_resume_continues_from_the_checkpoint(base, tmp_path):
     # same seed, same RNG states restored: the resumed steps sample the same problems and get the same rewards
     key = lambda ms: [(m["step"], m["reward_mean"], m["response_len"]) for m in ms if "reward_mean" in m]  # noqa: E731
     assert key(resumed) == pytest.approx(key(full))
+
+
+def test_time_budget_stops_with_an_evaluation_and_a_checkpoint(base, tmp_path):
+    run_dir = tmp_path / "budget"
+    train.main(["--steps", "50", "--max-minutes", "0", "--prompts-per-step", "4", "--group-size", "4",
+                "--run-dir", str(run_dir)])
+    lines = read(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in lines if "reward_mean" in m] == [1]
+    assert [m["step"] for m in lines if "eval_accuracy" in m] == [0, 1]
+    assert (run_dir / "checkpoint" / "model.safetensors").exists()
