@@ -228,8 +228,10 @@ def main(argv=None):
                                 eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
             texts = tokenizer.batch_decode(b["input_ids"][:, b["prompt_len"]:], skip_special_tokens=True)
             b["correct"] = torch.tensor([reward.is_correct(t, tiny.answer(q)) is True
-                                         for t, q in zip(texts, [q for q in qs for _ in range(G)])])  # [B*G]
-            keep = dapo.mixed_groups(b["correct"].view(B, G)) if args.dynamic_sampling else torch.ones(B, dtype=torch.bool)
+                                         for t, q in zip(texts, [q for q in qs for _ in range(G)])],
+                                        device=args.device)  # [B*G]
+            keep = (dapo.mixed_groups(b["correct"].view(B, G)) if args.dynamic_sampling
+                    else torch.ones(B, dtype=torch.bool, device=args.device))  # [B]
             kept_qs += [q for q, k in zip(qs, keep) if k]
             kept.append(sample.select_rows(b, keep.repeat_interleave(G).nonzero().squeeze(1)))
             generated, rounds = generated + B, rounds + 1
