@@ -4,13 +4,16 @@ Source: Yu et al., 2025, "DAPO: An Open-Source LLM Reinforcement Learning System
 DAPO uses no KL term (beta = 0) and rewards +1 (correct) / -1 (incorrect). Shapes: B prompts, G rollouts each,
 N = B * G rows, T response tokens.
 
+Two of the four changes are options of GRPO's own functions, so they live there and are not written again:
+    D1 clip-higher        = grpo.clipped_surrogate(rho, A, eps_low=0.2, eps_high=0.28)   (--eps-high 0.28)
+    D3 token-level loss   = grpo.aggregate(x, mask, "token-mean")                       (--agg token-mean)
+Edit those to change D1 or D3: they are what train.py runs. This file holds D2, D4 and DAPO's rewards.
+
 The paper's ablation ladder is a sequence of train.py flags on the same loop:
     --overlong-filter  --eps-high 0.28  --overlong-buffer L_cache  --agg token-mean  --dynamic-sampling
-and --method dapo turns them all on.
+and --method dapo turns on all of them but the overlong filter.
 """
 import torch
-
-import grpo
 
 
 def signed_reward(correct: torch.Tensor) -> torch.Tensor:
@@ -18,25 +21,11 @@ def signed_reward(correct: torch.Tensor) -> torch.Tensor:
     return correct.float() * 2 - 1
 
 
-def clip_higher(rho: torch.Tensor, adv: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.28):
-    """D1. Clip-Higher, the decoupled clip range:
-        L = min( rho A , clip(rho, 1 - eps_low, 1 + eps_high) A )
-    A larger eps_high lets low-probability tokens with A > 0 grow more before the clip binds (against entropy
-    collapse). It is G3 with two epsilons: returns (L, clip_low, clip_high) as grpo.clipped_surrogate does."""
-    return grpo.clipped_surrogate(rho, adv, eps_low, eps_high)
-
-
 def mixed_groups(correct: torch.Tensor) -> torch.Tensor:
     """D2. Dynamic sampling's filter: keep groups with 0 < #correct < G. correct [B, G] bool -> keep [B] bool.
     A group that is all right or all wrong has zero advantage (G1) and only dilutes the batch."""
     n = correct.sum(dim=1)  # [B]
     return (n > 0) & (n < correct.shape[1])
-
-
-def token_level_loss(x: torch.Tensor, mask: torch.Tensor, n_tokens=None) -> torch.Tensor:
-    """D3. Token-level policy-gradient loss: the mean over all tokens of all rollouts in the batch,
-    sum_{i,t} m x / sum_{i,t} m, so a long rollout counts per token (grpo.aggregate's token-mean)."""
-    return grpo.aggregate(x, mask, "token-mean", n_tokens=n_tokens)
 
 
 def overlong_penalty(lengths: torch.Tensor, L_max: int, L_cache: int) -> torch.Tensor:

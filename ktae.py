@@ -29,8 +29,9 @@ def contingency(ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor):
     """K2. Presence table per token id that occurs in the group's masked response tokens.
 
     ids, mask: [G, T]; correct: [G] bool. Returns vocab [U] (the ids), a, b, c, d [U] (presence counts:
-    a = correct rollouts containing v at least once, b = incorrect ones, c = n_T - a, d = n_F - b), and the
-    occurrence counts count_T, count_F [U] and class lengths L_T, L_F that the frequency term of K5 needs.
+    a = correct rollouts containing v at least once, b = incorrect ones, c = n_T - a, d = n_F - b), the
+    occurrence counts count_T, count_F [U] and class lengths L_T, L_F that the frequency term of K5 needs, and
+    inv [#masked]: the index in vocab of each masked token, in row-major order (to put per-id values back).
     """
     G = ids.shape[0]
     m = mask.bool()
@@ -44,7 +45,7 @@ def contingency(ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor):
     lengths = mask.to(torch.float64).sum(-1)  # [G]
     return {"vocab": vocab, "a": a, "b": b, "c": n_T - a, "d": n_F - b,
             "count_T": cf @ counts, "count_F": (1 - cf) @ counts,  # [U], [U]
-            "L_T": (cf * lengths).sum(), "L_F": ((1 - cf) * lengths).sum()}
+            "L_T": (cf * lengths).sum(), "L_F": ((1 - cf) * lengths).sum(), "inv": inv}
 
 
 def fisher_p(a, b, c, d, rel_tol: float = 1e-7) -> torch.Tensor:
@@ -158,9 +159,7 @@ def group_token_values(ids, mask, rewards, special_ids=(), alpha=1.0, beta=1.0, 
     ktv = key_token_values(F, IG, D, alpha, beta, top)  # [U]
     for s in special_ids:
         ktv = torch.where(t["vocab"] == s, torch.zeros_like(ktv), ktv)
-    # look the value of each position's id up in the group's table: ids are sorted in vocab
-    pos = torch.searchsorted(t["vocab"], ids.clamp(max=int(t["vocab"][-1])))  # [G, T]
-    values = torch.where(mask.bool(), ktv.float()[pos.clamp(max=len(ktv) - 1)], values)  # [G, T]
+    values[mask.bool()] = ktv.float()[t["inv"]]  # every masked position gets the value of its id
     return values, {"vocab": t["vocab"], "ktv": ktv, "p": p, "F": F, "IG": IG, "D": D, "a": t["a"], "b": t["b"]}
 
 

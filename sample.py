@@ -139,14 +139,14 @@ def concat_batches(batches: list, pad_id: int) -> dict:
     positions derived from the attention mask, and hence every log-prob, stay what they were."""
     P = max(b["prompt_len"] for b in batches)
     T = max(b["response_mask"].shape[1] for b in batches)
+    pad = torch.nn.functional.pad  # pad(x, (left, right), value=...) along the last dimension
     out = {k: [] for k in batches[0]}
     for b in batches:
         p, t = P - b["prompt_len"], T - b["response_mask"].shape[1]
-        pad = lambda x, left, right, value: torch.nn.functional.pad(x, (left, right), value=value)  # noqa: E731
-        out["input_ids"].append(pad(b["input_ids"], p, t, pad_id))
-        out["attention_mask"].append(pad(b["attention_mask"], p, t, 0))
-        out["response_mask"].append(pad(b["response_mask"], 0, t, 0))
-        out["logprobs"].append(pad(b["logprobs"], 0, t, 0.0))
+        out["input_ids"].append(pad(b["input_ids"], (p, t), value=pad_id))
+        out["attention_mask"].append(pad(b["attention_mask"], (p, t), value=0))
+        out["response_mask"].append(pad(b["response_mask"], (0, t), value=0))
+        out["logprobs"].append(pad(b["logprobs"], (0, t), value=0.0))
         for k in b.keys() - {"input_ids", "attention_mask", "response_mask", "logprobs", "prompt_len"}:
             out[k].append(b[k])  # per-rollout fields ([N, ...]): stacked as they are
     return {**{k: torch.cat(v) for k, v in out.items() if k != "prompt_len"}, "prompt_len": P}

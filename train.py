@@ -31,7 +31,7 @@ import tiny
 METHODS = ["grpo", "dapo", "ktae", "dapo+ktae"]
 # What --method dapo switches on (dapo.md D1-D4, rewards +-1, no KL); any of these flags given explicitly wins,
 # and each can be given alone on top of grpo, which is how the paper's ablation ladder is run.
-DAPO = {"eps_high": 0.28, "agg": "token-mean", "dynamic_sampling": True, "overlong_buffer": 8,
+DAPO = {"eps_high": 0.28, "agg": "token-mean", "dynamic_sampling": True, "overlong_buffer": "1/6",
         "signed_reward": True}
 GRPO = {"eps_high": None, "agg": "seq-mean-token-mean", "dynamic_sampling": False, "overlong_buffer": 0,
         "signed_reward": False}
@@ -73,7 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--short-batch", choices=["train", "stop"], default="train",
                    help="D2: after the last round, train on the groups kept, or stop with a message")
     p.add_argument("--overlong-buffer", type=int, default=None,
-                   help="D4 L_cache, soft length penalty over the last tokens of --max-new-tokens (0: off; dapo: 8)")
+                   help="D4 L_cache: soft length penalty over the last L_cache of --max-new-tokens tokens "
+                        "(0: off; dapo: a sixth of --max-new-tokens, as KTAE's 512 of 3072)")
     p.add_argument("--overlong-filter", action="store_true", help="D4: mask truncated rollouts out of the loss")
     p.add_argument("--signed-reward", action=argparse.BooleanOptionalAction, default=None,
                    help="rewards +1 / -1 as DAPO (default 1 / 0)")
@@ -96,6 +97,8 @@ def parse_args(argv=None):
     for k, v in preset.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    if args.overlong_buffer == "1/6":
+        args.overlong_buffer = max(1, args.max_new_tokens // 6)
     args.run_dir = args.run_dir or os.path.join("runs", f"{args.method}-seed{args.seed}")
     return args
 
@@ -216,18 +219,17 @@ def main(argv=None):
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=args.method)
     t_start = time.time()
     for step in bar:
-        out_of_time = args.max_minutes is not None and time.time() - t_start > 60 * args.max_minutes
         # ---- 1. sample B prompts x G rollouts, keeping log pi_old of every sampled token ------------------
         # With D2 (dynamic sampling) rounds of B prompts are drawn until B groups mix right and wrong answers.
         t0 = time.time()
-        kept_qs, kept, generated, rounds = [], [], 0, 0
+        kept_qs, kept, generated, rounds, checker = [], [], 0, 0, reward.new_stats()
         while len(kept_qs) < B and rounds < (args.max_sampling_rounds if args.dynamic_sampling else 1):
             qs = [problem_rng.choice(pool) for _ in range(B)] if pool else tiny.train_problems(problem_rng, B, held_out)
             b = sample.generate(model, [tokenizer(tiny.prompt(q))["input_ids"] for q in qs], n=G,
                                 max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                 eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
             texts = tokenizer.batch_decode(b["input_ids"][:, b["prompt_len"]:], skip_special_tokens=True)
-            b["correct"] = torch.tensor([reward.is_correct(t, tiny.answer(q)) is True
+            b["correct"] = torch.tensor([reward.is_correct(t, tiny.answer(q), checker) is True
                                          for t, q in zip(texts, [q for q in qs for _ in range(G)])],
                                         device=args.device)  # [B*G]
             keep = (dapo.mixed_groups(b["correct"].view(B, G)) if args.dynamic_sampling
@@ -306,6 +308,8 @@ def main(argv=None):
             "entropy": entropy_sum / n_tokens.item(),
             "zero_adv_groups": (rewards.std(dim=1) == 0).float().mean().item(),
             "truncated": batch["truncated"].float().mean().item(),
+            "boxed": 1 - checker["no_box"] / checker["graded"],  # share of sampled responses with a \boxed answer
+            "checker_failures": checker["timeouts"] + checker["errors"] + checker["gold_unparseable"],
             "groups_generated": generated,
             "groups_kept": len(qs),
             "sampling_rounds": rounds,
@@ -321,6 +325,7 @@ def main(argv=None):
         bar.set_postfix(reward=f"{record['reward_mean']:.2f}", len=f"{record['response_len']:.1f}")
 
         # ---- 7. evaluate, 8. save ----------------------------------------------------------------------------
+        out_of_time = args.max_minutes is not None and time.time() - t_start > 60 * args.max_minutes
         last_step = step + 1 == args.steps or out_of_time
         if (step + 1) % args.eval_every == 0 or last_step:
             acc = run_eval(step + 1)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import dapo
+import grpo
 import train
 
 
@@ -15,7 +16,7 @@ def test_d1_clip_higher_values_and_zero_gradient_where_it_binds():
     # rho 1.30, A -1 -> min(-1.3, -1.28) = -1.3 (unclipped: gradient -1)
     rho = torch.tensor([1.25, 1.30, 0.75, 0.75, 1.30], requires_grad=True)
     A = torch.tensor([1.0, 1.0, -1.0, 1.0, -1.0])
-    L, low, high = dapo.clip_higher(rho, A)
+    L, low, high = grpo.clipped_surrogate(rho, A, eps_low=0.2, eps_high=0.28)  # D1 is G3 with two epsilons
     assert torch.allclose(L, torch.tensor([1.25, 1.28, -0.8, 0.75, -1.3]))
     assert high.tolist() == [False, True, False, False, False] and low.tolist() == [False, False, True, False, False]
     L.sum().backward()
@@ -32,7 +33,7 @@ def test_d3_token_level_loss_weighs_tokens_not_sequences():
     # where seq-mean-token-mean would give (1 + 5) / 2 = 3
     x = torch.tensor([[1.0, 1.0, 1.0], [5.0, 0.0, 0.0]])
     m = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    assert dapo.token_level_loss(x, m).item() == pytest.approx(2.0)
+    assert grpo.aggregate(x, m, "token-mean").item() == pytest.approx(2.0)  # D3 is G5's token-mean
 
 
 def test_d4_overlong_penalty_boundaries():

@@ -1,7 +1,6 @@
 """The tiny world: task, tokenizer (the AutoTokenizer pitfall), model size, held-out separation."""
 import random
 
-import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import tiny
