@@ -36,7 +36,7 @@ def bench_ktae_qwen_group():
     mask = torch.ones_like(ids)
     mask[5, 700:] = 0
     rewards = torch.tensor([1.0, 0.0] * 8)
-    t = median_time(lambda: ktae.group_token_values(ids, mask, rewards, special_ids=(151_643, 151_645)))
+    t = median_time(lambda: ktae.token_values(ids, mask, rewards[None], special_ids=(151_643, 151_645)))
     distinct = len(torch.unique(ids[mask.bool()]))
     print(f"KTAE, one Qwen-sized group (G=16 x 1024 tokens, {distinct} distinct ids): {t * 1000:.1f} ms "
           f"(target <= 100 ms)")
@@ -60,7 +60,7 @@ def bench_ktae_share_of_tiny_step():
         r = torch.tensor([reward.reward(t, g) for t, g in zip(texts, golds)]).view(16, 8)
         state["batch"], state["rewards"] = b, r
         t0 = time.perf_counter()
-        values = ktae.batch_token_values(b["input_ids"][:, P:], mask, r, special_ids=(tok.eos_token_id,))
+        values, _ = ktae.token_values(b["input_ids"][:, P:], mask, r, special_ids=(tok.eos_token_id,))
         state["ktae"] = time.perf_counter() - t0
         adv = ktae.token_advantages(grpo.group_advantages(r).view(-1), values, mask)
         model.train()

@@ -5,8 +5,8 @@ Reasoning", arXiv 2505.16826. Where the printed formula and the authors' release
 code (see key_token_values). KTAE adds no model and no forward pass: it is statistics over the token ids of the
 G rollouts of one prompt. The unit is the token id; nothing is carried across groups or steps.
 
-Everything is vectorised over the U distinct ids that occur in the group (torch.unique), never over the vocabulary.
-Shapes: G rollouts, T response tokens, U distinct ids.
+Everything is vectorised over the U distinct (group, id) pairs that occur (torch.unique), never over the
+vocabulary, and a batch of B groups is one pass. Shapes: B groups of G rollouts, N = B * G, T response tokens.
 
 Worked example (ktae.md), r = [1, 1, 0, 0]:
     o_1 = [5, 6, 7], o_2 = [5, 6, 8], o_3 = [5, 9, 8], o_4 = [5, 9, 9]
@@ -18,34 +18,46 @@ import torch
 
 
 def split(rewards: torch.Tensor):
-    """K1. Correct set T = {r > 0}, incorrect set F = {r <= 0}. rewards [G] -> (correct [G] bool, n_T, n_F).
-    With DAPO's rewards a correct but over-long rollout (1 - 0.4 = 0.6) is still correct."""
-    correct = rewards > 0  # [G]
-    n_T = int(correct.sum())
-    return correct, n_T, len(rewards) - n_T
+    """K1. Correct set T = {r > 0}, incorrect set F = {r <= 0}, per group. rewards [B, G] ->
+    (correct [B, G] bool, n_T [B], n_F [B]). With DAPO's rewards a correct but over-long rollout
+    (1 - 0.4 = 0.6) is still correct. A group with n_T = 0 or n_F = 0 gets key-token values 0."""
+    correct = rewards > 0  # [B, G]
+    n_T = correct.sum(-1)  # [B]
+    return correct, n_T, rewards.shape[1] - n_T
 
 
-def contingency(ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor):
-    """K2. Presence table per token id that occurs in the group's masked response tokens.
+def contingency(ids: torch.Tensor, mask: torch.Tensor, correct: torch.Tensor, G: int):
+    """K2. Presence table per token id that occurs in a group's masked response tokens, for every group at once.
 
-    ids, mask: [G, T]; correct: [G] bool. Returns vocab [U] (the ids), a, b, c, d [U] (presence counts:
-    a = correct rollouts containing v at least once, b = incorrect ones, c = n_T - a, d = n_F - b), the
-    occurrence counts count_T, count_F [U] and class lengths L_T, L_F that the frequency term of K5 needs, and
-    inv [#masked]: the index in vocab of each masked token, in row-major order (to put per-id values back).
+    ids, mask [N, T] and correct [N] bool hold B groups of G consecutive rollouts (N = B * G; one group: N = G).
+    Groups never share statistics: an entry of the table is a (group, id) pair, so one pass over the batch is
+    B independent applications of K2. Per entry e (U of them):
+        a = correct rollouts of its group containing the id at least once   b = incorrect ones   (presence)
+        c = n_T - a      d = n_F - b      (n_T, n_F, L_T, L_F: the entry's group's)
+    plus count_T, count_F (occurrences) and L_T, L_F (masked tokens per class) for K5's frequency term,
+    group and vocab (which group and id the entry is), and inv [#masked]: the entry of each masked token.
+    Everything is 1-D over the tokens that occur: nothing is the size of the vocabulary.
     """
-    G = ids.shape[0]
+    N = ids.shape[0]
     m = mask.bool()
-    vocab, inv = torch.unique(ids[m], return_inverse=True)  # [U], [#masked]
-    rows = torch.arange(G, device=ids.device)[:, None].expand_as(ids)[m]  # [#masked] rollout of each token
-    counts = torch.bincount(rows * len(vocab) + inv, minlength=G * len(vocab)).view(G, -1).double()  # [G, U]
-    present = (counts > 0).double()  # [G, U] presence, not count
-    cf = correct.to(torch.float64)  # [G]
-    a, b = cf @ present, (1 - cf) @ present  # [U], [U]
-    n_T, n_F = cf.sum(), (1 - cf).sum()
-    lengths = mask.to(torch.float64).sum(-1)  # [G]
-    return {"vocab": vocab, "a": a, "b": b, "c": n_T - a, "d": n_F - b,
-            "count_T": cf @ counts, "count_F": (1 - cf) @ counts,  # [U], [U]
-            "L_T": (cf * lengths).sum(), "L_F": ((1 - cf) * lengths).sum(), "inv": inv}
+    group = torch.arange(N, device=ids.device) // G  # [N] group of each rollout
+    V = int(ids.max()) + 1
+    row = torch.arange(N, device=ids.device)[:, None].expand_as(ids)[m]  # [M] rollout of each masked token
+    entries, inv = torch.unique((group[:, None] * V + ids)[m], return_inverse=True)  # [U], [M]
+    U = len(entries)
+    cf = correct.to(torch.float64)  # [N]
+    present = torch.unique(row * U + inv)  # (rollout, entry) pairs that occur: presence, not count
+    p_row, p_entry = present // U, present % U
+    a = torch.bincount(p_entry, weights=cf[p_row], minlength=U)  # [U]
+    b = torch.bincount(p_entry, weights=1 - cf[p_row], minlength=U)  # [U]
+    n_T = cf.view(-1, G).sum(-1)  # [B]
+    lengths = mask.to(torch.float64).sum(-1)  # [N]
+    L_T, L_F = (cf * lengths).view(-1, G).sum(-1), ((1 - cf) * lengths).view(-1, G).sum(-1)  # [B], [B]
+    g = torch.div(entries, V, rounding_mode="floor")  # [U] group of each entry
+    return {"group": g, "vocab": entries % V, "inv": inv, "a": a, "b": b, "c": n_T[g] - a, "d": (G - n_T)[g] - b,
+            "count_T": torch.bincount(inv, weights=cf[row], minlength=U),  # [U]
+            "count_F": torch.bincount(inv, weights=1 - cf[row], minlength=U),  # [U]
+            "L_T": L_T[g], "L_F": L_F[g]}  # [U], [U]
 
 
 def fisher_p(a, b, c, d, rel_tol: float = 1e-7) -> torch.Tensor:
@@ -138,43 +150,40 @@ def key_token_values(F, IG, D, alpha: float = 1.0, beta: float = 1.0, top: float
     return (torch.sigmoid(S * D) - 0.5) * 2 * top
 
 
-def group_token_values(ids, mask, rewards, special_ids=(), alpha=1.0, beta=1.0, top=1.0, use_tf=True):
-    """K1-K6 for one group: the key-token value of every response position. ids, mask [G, T]; rewards [G].
+def token_values(ids, mask, rewards, special_ids=(), alpha=1.0, beta=1.0, top=1.0, use_tf=True):
+    """K1-K6: the key-token value of every response position, for B groups of G rollouts at once.
 
-    Returns values [G, T] (0 on masked positions, on special ids such as pad and EOS, and everywhere when the
-    group is all right or all wrong) and the per-id table {vocab, ktv, p, F, IG, D, a, b} for inspection.
+    ids, mask [B*G, T] (the G rollouts of a group consecutive, as generate() returns them); rewards [B, G].
+    Returns values [B*G, T] (0 on masked positions, on special ids such as pad and EOS, and in every group that
+    is all right or all wrong) and the table of K2-K6 per (group, id) entry, for inspection.
     """
-    correct, n_T, n_F = split(rewards)
-    values = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)  # [G, T]
-    if n_T == 0 or n_F == 0 or not mask.any():
+    G = rewards.shape[1]
+    correct, n_T, n_F = split(rewards)  # K1 [B, G], [B], [B]
+    mixed = ((n_T > 0) & (n_F > 0)).repeat_interleave(G)  # [N] a flat group's values are all 0
+    values = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)  # [N, T]
+    m = mask.bool() & mixed[:, None]  # [N, T]
+    if not m.any():
         return values, None
-    t = contingency(ids, mask, correct)
-    # An id's table is fixed by (a, b): n_T and n_F are the group's. So there are at most (n_T+1)(n_F+1)
-    # distinct tables (81 for G = 16) however many ids occur: compute K3 and K4 once per table, then gather.
-    keys, which = torch.unique(t["a"] * (n_F + 1) + t["b"], return_inverse=True)  # [K], [U]
-    ta, tb = torch.div(keys, n_F + 1, rounding_mode="floor"), keys % (n_F + 1)  # [K], [K]
-    p = fisher_p(ta, tb, n_T - ta, n_F - tb)[which]  # [U]
-    IG = information_gain(ta, tb, n_T - ta, n_F - tb)[which]  # [U]
-    F, D = fisher_strength(p), direction(t, use_tf=use_tf)  # [U], [U]
-    ktv = key_token_values(F, IG, D, alpha, beta, top)  # [U]
+    t = contingency(ids, m, correct.reshape(-1), G)  # K2
+    # An entry's table is fixed by (n_T, a, b), n_F being G - n_T: at most a few hundred distinct tables for
+    # G = 16 however many ids occur. K3 and K4 are computed once per table, then gathered.
+    n_T_e = t["a"] + t["c"]  # [U]
+    keys, which = torch.unique((n_T_e * (G + 1) + t["a"]) * (G + 1) + t["b"], return_inverse=True)  # [K], [U]
+    kn, ka, kb = keys // (G + 1) ** 2, keys // (G + 1) % (G + 1), keys % (G + 1)  # [K] each
+    p = fisher_p(ka, kb, kn - ka, G - kn - kb)[which]  # K3 [U]
+    IG = information_gain(ka, kb, kn - ka, G - kn - kb)[which]  # K4 [U]
+    F, D = fisher_strength(p), direction(t, use_tf=use_tf)  # K3, K5 [U]
+    ktv = key_token_values(F, IG, D, alpha, beta, top)  # K6 [U]
     for s in special_ids:
         ktv = torch.where(t["vocab"] == s, torch.zeros_like(ktv), ktv)
-    values[mask.bool()] = ktv.float()[t["inv"]]  # every masked position gets the value of its id
-    return values, {"vocab": t["vocab"], "ktv": ktv, "p": p, "F": F, "IG": IG, "D": D, "a": t["a"], "b": t["b"]}
+    values[m] = ktv.float()[t["inv"]]  # every masked position gets the value of its (group, id)
+    return values, {**t, "ktv": ktv, "p": p, "F": F, "IG": IG, "D": D}
 
 
 def token_advantages(adv_seq: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """K7. Additive token-level advantage: A_{i,t} = m_{i,t} (A_i + KTV_{o_{i,t}}).
 
     adv_seq [N] (the base method's rollout advantage: GRPO G1 or DAPO's), values [N, T] from
-    group_token_values, mask [N, T]. The base method's loss is then used unchanged.
+    token_values, mask [N, T]. The base method's loss is then used unchanged.
     """
     return mask * (adv_seq[:, None] + values)  # [N, T]
-
-
-def batch_token_values(ids, mask, rewards, special_ids=(), **kw) -> torch.Tensor:
-    """K1-K6 applied to each group of a batch: ids, mask [B*G, T], rewards [B, G] -> values [B*G, T].
-    Groups are independent (nothing accumulates across groups), so a loop over the B groups is the equation."""
-    B, G = rewards.shape
-    return torch.cat([group_token_values(ids[g * G:(g + 1) * G], mask[g * G:(g + 1) * G], rewards[g],
-                                         special_ids, **kw)[0] for g in range(B)])

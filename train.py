@@ -261,7 +261,7 @@ def main(argv=None):
         adv_seq = grpo.group_advantages(rewards, scale_std=not args.no_std_scale).view(-1).to(args.device)  # [N]
         token_values = None
         if args.method.endswith("ktae"):
-            token_values = ktae.batch_token_values(
+            token_values, _ = ktae.token_values(
                 ids[:, P:], mask, rewards, special_ids=(tokenizer.pad_token_id, tokenizer.eos_token_id),
                 alpha=args.ktae_alpha, beta=args.ktae_beta, top=args.ktae_top, use_tf=not args.ktae_no_tf)  # [N, T]
             adv = ktae.token_advantages(adv_seq, token_values, mask)  # [N, T]

@@ -14,24 +14,24 @@ R = torch.tensor([1.0, 1.0, 0.0, 0.0])
 
 
 def table(token):
-    _, info = ktae.group_token_values(IDS, MASK, R)
+    _, info = ktae.token_values(IDS, MASK, R[None])
     i = info["vocab"].tolist().index(token)
     return {k: v[i].item() for k, v in info.items()}
 
 
 def test_k1_split():
-    correct, n_T, n_F = ktae.split(torch.tensor([0.6, -1.0, 1.0, 0.0]))  # 0.6: correct but over-long (DAPO)
-    assert correct.tolist() == [True, False, True, False] and (n_T, n_F) == (2, 2)
+    correct, n_T, n_F = ktae.split(torch.tensor([[0.6, -1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]]))  # 0.6: over-long
+    assert correct[0].tolist() == [True, False, True, False] and n_T.tolist() == [2, 3] and n_F.tolist() == [2, 1]
 
 
 def test_k2_presence_not_count():
-    t = ktae.contingency(IDS, MASK, R > 0)
+    t = ktae.contingency(IDS, MASK, R > 0, G=4)
     v = t["vocab"].tolist()
     assert v == [5, 6, 7, 8, 9]
     # id 9: twice in o_4, once in o_3 -> present in 2 incorrect rollouts: a=0 b=2 c=2 d=0; counted 3 times
     i = v.index(9)
     assert [t[k][i].item() for k in "abcd"] == [0, 2, 2, 0] and t["count_F"][i] == 3
-    assert t["L_T"] == 6 and t["L_F"] == 6
+    assert (t["L_T"] == 6).all() and (t["L_F"] == 6).all()  # the group's class lengths, on every entry
 
 
 def test_k3_worked_example_fisher():
@@ -67,7 +67,7 @@ def test_k5_direction_worked_example():
     # id 6: h = pi/2, TF_T = 3/7, TF_F = 0 -> D = pi/2 + (3/7)/1e-5
     assert table(6)["D"] == pytest.approx(math.pi / 2 + (3 / 7) / 1e-5, rel=1e-9)
     # without the frequency term D = h; id 7: h = arcsin(sqrt(1/2)) - 0 = pi/4
-    t = ktae.contingency(IDS, MASK, R > 0)
+    t = ktae.contingency(IDS, MASK, R > 0, G=4)
     assert ktae.direction(t, use_tf=False)[2].item() == pytest.approx(math.pi / 4)
 
 
@@ -84,7 +84,7 @@ def test_k6_key_token_values_worked_example():
 
 
 def test_k7_worked_example_advantages():
-    values, _ = ktae.group_token_values(IDS, MASK, R)
+    values, _ = ktae.token_values(IDS, MASK, R[None])
     A = grpo.group_advantages(R[None])[0]  # +-0.8660
     adv = ktae.token_advantages(A, values, MASK)
     assert torch.allclose(adv[0], torch.tensor([0.8660, 1.8660, 1.8660]), atol=1e-4)
@@ -97,8 +97,8 @@ def test_swapping_correct_and_incorrect_flips_every_sign():
     mask = torch.ones_like(ids)
     mask[3, 7:] = 0
     r = torch.tensor([1.0, 0, 1, 1, 0, 0, 1, 0])
-    v, _ = ktae.group_token_values(ids, mask, r)
-    v_swapped, _ = ktae.group_token_values(ids, mask, 1 - r)
+    v, _ = ktae.token_values(ids, mask, r[None])
+    v_swapped, _ = ktae.token_values(ids, mask, 1 - r[None])
     assert torch.allclose(v_swapped, -v, atol=1e-6) and v.abs().sum() > 0
 
 
@@ -106,9 +106,9 @@ def test_flat_groups_masks_and_special_ids_give_zero():
     ids = torch.tensor([[3, 4, 0, 0], [3, 5, 5, 0]])  # 0 = pad = EOS
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
     for r in (torch.tensor([1.0, 1.0]), torch.tensor([0.0, 0.0])):
-        v, _ = ktae.group_token_values(ids, mask, r)
+        v, _ = ktae.token_values(ids, mask, r[None])
         assert torch.equal(v, torch.zeros_like(v))
-    v, _ = ktae.group_token_values(ids, mask, torch.tensor([1.0, 0.0]), special_ids=(0,))
+    v, _ = ktae.token_values(ids, mask, torch.tensor([[1.0, 0.0]]), special_ids=(0,))
     assert (v[mask == 0] == 0).all() and (v[ids == 0] == 0).all()
     assert v[0, 1] > 0.9 and v[1, 1] < -0.9  # 4 only in the correct one, 5 only in the wrong one
     # K7 keeps masked positions at zero
@@ -116,12 +116,19 @@ def test_flat_groups_masks_and_special_ids_give_zero():
     assert adv[0, 3] == 0
 
 
-def test_batch_is_groupwise():
-    ids = torch.cat([IDS, IDS])
-    r = torch.stack([R, torch.ones(4)])  # second group all correct -> zero
-    v = ktae.batch_token_values(ids, torch.ones_like(ids), r)
-    single, _ = ktae.group_token_values(IDS, MASK, R)
-    assert torch.equal(v[:4], single) and torch.equal(v[4:], torch.zeros_like(single))
+def test_a_batch_is_its_groups_one_by_one():
+    # groups share ids but never statistics: the batch's values equal each group's values computed alone
+    torch.manual_seed(1)
+    ids = torch.randint(0, 12, (5 * 6, 10))  # B = 5 groups of G = 6
+    mask = (torch.rand(30, 10) < 0.9).long()
+    r = torch.tensor([[1.0, 0, 0, 1, 0, 0], [1, 1, 1, 1, 1, 1], [0, 1, 0, 0, 0, 0], [1, 1, 0, 1, 0, 1],
+                      [0, 0, 0, 0, 0, 0]])
+    batch, _ = ktae.token_values(ids, mask, r)
+    for g in range(5):
+        alone, _ = ktae.token_values(ids[6 * g:6 * g + 6], mask[6 * g:6 * g + 6], r[g:g + 1])
+        assert torch.equal(batch[6 * g:6 * g + 6], alone)
+    assert batch[6:12].abs().sum() == 0 and batch[24:].abs().sum() == 0  # all right, all wrong
+    assert batch[:6].abs().sum() > 0 and batch[18:24].abs().sum() > 0
 
 
 @pytest.mark.parametrize("method", ["ktae", "dapo+ktae"])
