@@ -1,14 +1,29 @@
-"""Evaluation: greedy pass@1 (and the unbiased pass@k estimator) with the project's one sampler and grader.
+"""Evaluation (evaluation.md): greedy pass@1, avg@k and unbiased pass@k on the papers' benchmarks.
 
-evaluation.md: pass@1 from one greedy sample; pass@k unbiased, 1 - C(n-c, k) / C(n, k). train.py's held-out
-evaluation of the tiny world goes through greedy_eval() here.
+    python evaluate.py --model DIR --benchmarks math500,aime24,aime25,amc23,minerva,olympiadbench,gsm8k
+    python evaluate.py --model runs/ktae-seed0/checkpoint --benchmarks tiny --k 8 --temperature 1.0
+
+Responses come from the project's one sampler (sample.py, as in train.py) and are graded by reward.py. The
+table is printed and a JSON file written with, per benchmark and on average: the number of problems, greedy
+pass@1, avg@k and pass@k (when --k > 1), the mean response length, the share of responses with a \\boxed answer,
+the checker's timeouts and parse failures, and the settings. train.py's held-out evaluation of the tiny world
+calls score() below.
 """
+import argparse
+import json
+import os
+import time
 from math import comb
 
 import torch
+from tqdm import tqdm
 
+import data
+import models
 import reward
 import sample
+
+BENCHMARKS = ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench", "gsm8k"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -22,27 +37,144 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 @torch.no_grad()
-def greedy_eval(model, tokenizer, prompts: list, golds: list, max_new_tokens: int, batch_size: int = 256) -> dict:
-    """Greedy (temperature 0) pass@1 over prompts (strings) with gold answers. Returns accuracy, the mean
-    response length in tokens, the share of responses with a \\boxed answer, the checker's counters, and the
-    responses themselves."""
-    stats, correct, lengths, texts = reward.new_stats(), [], [], []
-    for i in range(0, len(prompts), batch_size):
-        ids = [tokenizer(p)["input_ids"] for p in prompts[i:i + batch_size]]
-        out = sample.generate(model, ids, n=1, max_new_tokens=max_new_tokens, temperature=0.0,
-                              eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
-        resp = out["input_ids"][:, out["prompt_len"]:]  # [n, T]
-        texts += tokenizer.batch_decode(resp, skip_special_tokens=True)
-        lengths += out["response_mask"].sum(-1).tolist()
-    for text, gold in zip(texts, golds):
-        ok = reward.is_correct(text, gold, stats)
-        if ok is not None:  # an unparseable gold answer is counted in stats and left out
-            correct.append(float(ok))
+def score(model, tokenizer, prompts: list, golds: list, *, k: int = 1, temperature: float = 0.0,
+          max_new_tokens: int, batch_size: int = 64, desc: str = None) -> dict:
+    """k responses per prompt (greedy when temperature is 0), graded against the gold answers.
+
+    Returns accuracy (the mean share of correct responses per problem: pass@1 when greedy, avg@k when sampled),
+    pass@k (unbiased, equal to the share of problems with any correct response when k = n), n (problems graded;
+    one whose gold answer the checker cannot parse is counted in checker['gold_unparseable'] and left out), the
+    mean response length in tokens, the share of responses with a \\boxed answer, the checker's counters, how
+    often the model's context shortened a prompt or the token budget, and the responses in prompt order (k each).
+    """
+    if temperature == 0 and k > 1:
+        raise ValueError("greedy decoding gives the same response k times: use --temperature > 0 with --k > 1")
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    # A model is not asked to go past the context it was built for (Qwen2.5-Math: 4096 positions, room for the
+    # protocol's 3000 new tokens; the tiny model: 256). A prompt longer than half of it keeps its end (the
+    # instruction and the question's last part); both cuts are counted and reported.
+    ctx = getattr(model.config, "max_position_embeddings", None) or 10**9
+    cut = sum(len(i) > ctx // 2 for i in ids)
+    ids = [i[-(ctx // 2):] for i in ids]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths share a batch: less padding
+    texts, lengths, capped = [None] * len(ids), [0] * len(ids), 0
+    for s in tqdm(range(0, len(order), batch_size), desc=desc, disable=desc is None, leave=False):
+        idx = order[s:s + batch_size]
+        budget = min(max_new_tokens, ctx - max(len(ids[i]) for i in idx))
+        capped += budget < max_new_tokens
+        out = sample.generate(model, [ids[i] for i in idx], n=k, max_new_tokens=budget,
+                              temperature=temperature, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+        resp = tokenizer.batch_decode(out["input_ids"][:, out["prompt_len"]:], skip_special_tokens=True)
+        n_tok = out["response_mask"].sum(-1).tolist()  # [len(idx) * k]
+        for j, i in enumerate(idx):
+            texts[i], lengths[i] = resp[j * k:(j + 1) * k], n_tok[j * k:(j + 1) * k]
+    stats, per_problem = reward.new_stats(), []
+    for responses, gold in zip(texts, golds):
+        verdicts = [reward.is_correct(r, gold, stats) for r in responses]
+        if None not in verdicts:  # None: the gold answer itself is unparseable (counted in stats)
+            per_problem.append(sum(verdicts))
+    n = max(len(per_problem), 1)
     return {
-        "accuracy": sum(correct) / max(len(correct), 1),
-        "n": len(correct),
-        "response_len": sum(lengths) / max(len(lengths), 1),
+        "accuracy": sum(c / k for c in per_problem) / n,
+        f"pass@{k}": sum(pass_at_k(k, c, k) for c in per_problem) / n,
+        "n": len(per_problem),
+        "response_len": sum(sum(l) for l in lengths) / max(k * len(lengths), 1),
         "boxed": 1 - stats["no_box"] / max(stats["graded"], 1),
         "checker": stats,
-        "responses": texts,
+        "prompts_cut": cut,  # prompts longer than half the model's context, kept from their end
+        "batches_capped": capped,  # batches whose new-token budget the context shortened
+        "responses": [r for rs in texts for r in rs],
     }
+
+
+def run_benchmark(model, tokenizer, name: str, args) -> dict:
+    """One benchmark: greedy pass@1, and avg@k / pass@k from k samples at --temperature when --k > 1."""
+    problems, skipped = data.load(name, "test", args.data_dir, args.limit)
+    for s in skipped:
+        print(f"  skipped {s}")
+    prompts = [p.get("prompt") or data.build_prompt(tokenizer, p["question"]) for p in problems]
+    golds = [p["answer"] for p in problems]
+    t0 = time.time()
+    greedy = score(model, tokenizer, prompts, golds, max_new_tokens=args.max_new_tokens,
+                   batch_size=args.batch_size, desc=f"{name} greedy")
+    row = {"n": greedy["n"], "rows_skipped": len(skipped), "pass@1": greedy["accuracy"],
+           "response_len": greedy["response_len"], "boxed": greedy["boxed"],
+           "timeouts": greedy["checker"]["timeouts"], "prompts_cut": greedy["prompts_cut"],
+           "batches_capped": greedy["batches_capped"],
+           "parse_failures": greedy["checker"]["gold_unparseable"] + greedy["checker"]["errors"]}
+    examples = [{"where": p["where"], "gold": g, "greedy": r}
+                for p, g, r in zip(problems[:3], golds, greedy["responses"])]
+    if args.k > 1:
+        torch.manual_seed(args.seed)
+        sampled = score(model, tokenizer, prompts, golds, k=args.k, temperature=args.temperature,
+                        max_new_tokens=args.max_new_tokens, batch_size=max(1, args.batch_size // args.k),
+                        desc=f"{name} {args.k} samples")
+        row[f"avg@{args.k}"], row[f"pass@{args.k}"] = sampled["accuracy"], sampled[f"pass@{args.k}"]
+        row["timeouts"] += sampled["checker"]["timeouts"]
+        row["parse_failures"] += sampled["checker"]["gold_unparseable"] + sampled["checker"]["errors"]
+    row["seconds"] = time.time() - t0
+    row["examples"] = examples
+    return row
+
+
+def table(results: dict, k: int) -> str:
+    """The printed table: one line per benchmark and the unweighted average over them (as the papers report)."""
+    cols = ["n", "pass@1"] + ([f"avg@{k}", f"pass@{k}"] if k > 1 else []) + ["response_len", "boxed", "timeouts",
+                                                                              "parse_failures"]
+    lines = [f"{'benchmark':15s}" + "".join(f"{c:>15s}" for c in cols)]
+    for name, row in results.items():
+        cells = [f"{row[c]:15d}" if isinstance(row[c], int) else f"{row[c]:15.3f}" for c in cols]
+        lines.append(f"{name:15s}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="greedy pass@1, avg@k and pass@k on the math benchmarks")
+    p.add_argument("--model", default="tiny", help="'tiny', a local HF model directory (a train.py checkpoint), "
+                                                   "or a hub name")
+    p.add_argument("--benchmarks", default=",".join(BENCHMARKS),
+                   help=f"comma-separated: {', '.join(BENCHMARKS)}, tiny (the tiny world's held-out set), "
+                        f"or .jsonl files")
+    p.add_argument("--data-dir", default=data.DATA_DIR, help="where the benchmark files are (else: the hub)")
+    p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
+    p.add_argument("--k", type=int, default=1, help="samples per problem for avg@k and pass@k (1: greedy only)")
+    p.add_argument("--temperature", type=float, default=0.6, help="for the k samples (greedy pass@1 uses 0)")
+    p.add_argument("--max-new-tokens", type=int, default=3000)
+    p.add_argument("--batch-size", type=int, default=64, help="responses generated together")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--bf16", action="store_true", help="bf16 weights (GPU)")
+    p.add_argument("--out", default=None, help="JSON file (default: runs/eval-MODEL.json)")
+    args = p.parse_args(argv)
+    names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    for b in names:
+        if b not in BENCHMARKS + ["tiny"] and not b.endswith(".jsonl"):
+            p.error(f"--benchmarks: unknown benchmark {b!r} (known: {', '.join(BENCHMARKS)}, tiny, or a .jsonl file)")
+    model, tokenizer, _ = models.load_model(args.model)
+    model.to(args.device, dtype=torch.bfloat16 if args.bf16 else None).eval()
+    results = {}
+    for name in names:
+        results[name] = run_benchmark(model, tokenizer, name, args)
+    counts = ("n", "rows_skipped", "timeouts", "parse_failures", "prompts_cut", "batches_capped", "seconds")
+    rates = [c for c in results[names[0]] if c not in counts + ("examples",)]
+    results["average"] = {c: sum(results[b][c] for b in names) / len(names) for c in rates}  # unweighted
+    results["average"].update({c: sum(results[b][c] for b in names) for c in counts})  # totals
+    print(table(results, args.k))
+    for b in names:
+        if results[b]["prompts_cut"] or results[b]["batches_capped"]:
+            print(f"note: {b}: the model's context ({model.config.max_position_embeddings} positions) cut "
+                  f"{results[b]['prompts_cut']} prompts and shortened the token budget of "
+                  f"{results[b]['batches_capped']} batches")
+    out = args.out or os.path.join("runs", "eval-" + args.model.strip("/").replace("/", "_") + ".json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    settings = dict(vars(args))
+    settings["template"] = "chat template" if getattr(tokenizer, "chat_template", None) else "plain + instruction"
+    settings["template"] += "; tiny: its own Q:/A: prompt" if "tiny" in names else ""
+    with open(out, "w") as f:
+        json.dump({"settings": settings, "results": results}, f, indent=1)
+    print(f"wrote {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

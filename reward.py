@@ -5,14 +5,45 @@ a response without one is incorrect. Equivalence is math-verify's (parse both, v
 order matters), so 0.5 = \\frac12 = 1/2 and 27.0 = 27. The checker must never hang or crash a run: its time
 is bounded per answer, and timeouts, unparseable gold answers and checker errors are counted in `stats`.
 """
+import contextlib
 import re
+import signal
+import threading
 
+import math_verify.grader
+import math_verify.parser
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
+# We bound the time ourselves (deadline below), so math-verify's "timeout is disabled" warning does not apply.
+math_verify.grader.TIMEOUT_WARNING_SHOWN = math_verify.parser.TIMEOUT_WARNING_SHOWN = True
+
 BOX = re.compile(r"\\(?:boxed|fbox)\s*\{")
 INT = re.compile(r"-?\d+")
-TIMEOUT_S = 5  # per parse and per verify; math-verify uses signal.alarm, so it must run in the main thread
+TIMEOUT_S = 5.0  # for one whole check (both parses and the verify)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Raise TimeoutException if the block runs longer than `seconds`.
+
+    math-verify's own timeouts bound each sympy operation separately (a verify may run many), so we switch them
+    off and bound the whole check with one SIGALRM timer instead. Signals exist only in the main thread; in
+    another thread the block runs unbounded (train.py and evaluate.py grade in the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def fire(signum, frame):
+        raise TimeoutException(f"checker took longer than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def last_boxed(text: str):
@@ -54,12 +85,13 @@ def is_correct(response: str, gold: str, stats: dict = None):
     if INT.fullmatch(gold) and INT.fullmatch(pred):
         return int(gold) == int(pred)
     try:
-        gold_parsed = parse("\\boxed{" + gold + "}", parsing_timeout=TIMEOUT_S, raise_on_error=True)
-        if not gold_parsed:
-            stats["gold_unparseable"] += 1
-            return None
-        pred_parsed = parse("\\boxed{" + pred + "}", parsing_timeout=TIMEOUT_S, raise_on_error=True)
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=TIMEOUT_S, raise_on_error=True))
+        with deadline(TIMEOUT_S):
+            gold_parsed = parse("\\boxed{" + gold + "}", parsing_timeout=None, raise_on_error=True)
+            if not gold_parsed:
+                stats["gold_unparseable"] += 1
+                return None
+            pred_parsed = parse("\\boxed{" + pred + "}", parsing_timeout=None, raise_on_error=True)
+            return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None, raise_on_error=True))
     except TimeoutException:
         stats["timeouts"] += 1
     except Exception:  # a checker bug on one odd answer must not end a training run

@@ -18,10 +18,11 @@ import time
 import torch
 from tqdm import tqdm
 
-import evaluate
 import dapo
+import evaluate
 import grpo
 import ktae
+import models
 import plots
 import reward
 import sample
@@ -103,26 +104,6 @@ def parse_args(argv=None):
     return args
 
 
-def load_policy(name: str):
-    """(model, tokenizer, path): the tiny default, a local directory, or a hub name. Fails with one clear line."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    if name == "tiny":
-        return tiny.load_or_build()
-    path = os.path.expanduser(name)
-    hub_like = not name.startswith((".", "/", "~")) and name.count("/") <= 1  # "Qwen/Qwen2.5-Math-1.5B"
-    if not os.path.isdir(path) and not hub_like:
-        sys.exit(f"--model {name}: no such directory")
-    try:
-        tok = AutoTokenizer.from_pretrained(path, padding_side="left")
-        model = AutoModelForCausalLM.from_pretrained(path)
-    except OSError as e:
-        sys.exit(f"--model {name}: not a local directory, and it could not be loaded from the hub "
-                 f"(offline machine?): {str(e).splitlines()[0]}")
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return model, tok, name
-
-
 def save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, step, problem_rng, args):
     """RUN_DIR/checkpoint = an HF model directory + state.pt. Written beside and swapped in, so a run killed
     while saving keeps the previous checkpoint."""
@@ -167,13 +148,13 @@ def main(argv=None):
         sys.exit(f"--resume: no checkpoint in {ckpt}")
 
     # ---- the policy, its optimizer, and (only if beta > 0) a frozen reference -----------------------------
-    model, tokenizer, model_path = load_policy(ckpt if args.resume else args.model)
+    model, tokenizer, model_path = models.load_model(ckpt if args.resume else args.model)
     model.to(args.device)
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
     ref_model = None
     if args.beta > 0:
-        ref_model, _, _ = load_policy(args.model)
+        ref_model, _, _ = models.load_model(args.model)
         ref_model.to(args.device).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(args.warmup_steps, 1)))
@@ -203,7 +184,8 @@ def main(argv=None):
             f.write(json.dumps(record) + "\n")
 
     def run_eval(step):
-        r = evaluate.greedy_eval(model, tokenizer, eval_prompts, eval_golds, args.max_new_tokens)
+        r = evaluate.score(model, tokenizer, eval_prompts, eval_golds, max_new_tokens=args.max_new_tokens,
+                           batch_size=256)
         log({"step": step, "eval_accuracy": r["accuracy"], "eval_response_len": r["response_len"],
              "eval_boxed": r["boxed"], "eval_n": r["n"]})
         return r["accuracy"]

@@ -1,0 +1,67 @@
+"""evaluate.py: the unbiased pass@k, score() with the project's sampler, and the command end to end."""
+import json
+
+import pytest
+
+import evaluate
+import tiny
+
+
+@pytest.mark.parametrize("n,c,k,expected", [
+    (5, 2, 1, 0.4),  # 1 - C(3,1)/C(5,1) = 1 - 3/5
+    (5, 2, 2, 0.7),  # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    (5, 2, 5, 1.0),  # n - c = 3 < 5: every 5-subset holds a correct one
+    (5, 2, 4, 1.0),  # n - c = 3 < 4
+    (5, 2, 3, 0.9),  # 1 - C(3,3)/C(5,3) = 1 - 1/10
+    (5, 0, 1, 0.0),  # c = 0
+    (5, 0, 5, 0.0),
+    (5, 5, 1, 1.0),  # c = n
+    (4, 1, 2, 0.5),  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+])
+def test_pass_at_k_by_hand(n, c, k, expected):
+    assert evaluate.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_needs_k_samples():
+    with pytest.raises(ValueError, match="at least 6 samples"):
+        evaluate.pass_at_k(5, 2, 6)
+
+
+def test_score_greedy_and_sampled_on_the_tiny_model(base):
+    model, tok = base
+    qs = tiny.eval_problems()[:24]
+    prompts, golds = [tiny.prompt(q) for q in qs], [tiny.answer(q) for q in qs]
+    greedy = evaluate.score(model, tok, prompts, golds, max_new_tokens=48, batch_size=10)
+    # the answers graded one by one must give the same accuracy, in prompt order despite the length sorting
+    by_hand = [tiny.answer(q) == (r.rsplit("\\boxed{", 1)[-1].split("}")[0] if "\\boxed{" in r else None)
+               for q, r in zip(qs, greedy["responses"])]
+    assert greedy["n"] == 24 and greedy["accuracy"] == pytest.approx(sum(by_hand) / 24)
+    assert 0 < greedy["accuracy"] < 1 and greedy["boxed"] > 0.9 and greedy["prompts_cut"] == 0
+    sampled = evaluate.score(model, tok, prompts, golds, k=4, temperature=1.0, max_new_tokens=48, batch_size=5)
+    assert len(sampled["responses"]) == 96
+    assert sampled["accuracy"] <= sampled["pass@4"] <= 1
+    with pytest.raises(ValueError, match="greedy"):
+        evaluate.score(model, tok, prompts, golds, k=4, temperature=0.0, max_new_tokens=8)
+
+
+def test_evaluate_command_writes_table_and_json(tmp_path, capsys, base):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"question": "Q:2+3=?", "answer": "#### 5"}) + "\n"
+                    + json.dumps({"question": "no answer"}) + "\n")
+    out = tmp_path / "eval.json"
+    evaluate.main(["--benchmarks", f"tiny,{path}", "--limit", "6", "--k", "2", "--temperature", "1.0",
+                   "--max-new-tokens", "40", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "pass@1" in printed and "avg@2" in printed and "average" in printed
+    assert f"skipped {path}:2: no answer" in printed  # the unusable row is reported with its file and line
+    saved = json.load(open(out))
+    tiny_row, mine = saved["results"]["tiny"], saved["results"][str(path)]
+    assert (tiny_row["n"], mine["n"], mine["rows_skipped"]) == (6, 1, 1)
+    assert saved["results"]["average"]["pass@1"] == pytest.approx((tiny_row["pass@1"] + mine["pass@1"]) / 2)
+    assert saved["settings"]["max_new_tokens"] == 40 and saved["settings"]["k"] == 2
+
+
+def test_unknown_benchmark_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit):
+        evaluate.main(["--benchmarks", "math5000"])
+    assert "unknown benchmark 'math5000'" in capsys.readouterr().err
