@@ -1,11 +1,17 @@
 """Benchmarks that print numbers (targets are checked here, not in timed tests).
 
-    python bench.py            # KTAE's cost: one Qwen-sized group, and its share of a tiny-default RL step
+    python bench.py            # KTAE's cost, and seconds per RL step of grpo, ktae, oar-g and oar-p
+    python bench.py --steps    # only the RL steps
 
 Medians of several runs after a warm-up, on whatever machine runs it (the README quotes a 2-core CPU).
 """
+import json
+import os
 import random
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -82,7 +88,31 @@ def bench_ktae_share_of_tiny_step():
           f"(target <= 2 %)")
 
 
+def bench_rl_steps(methods=("grpo", "ktae", "oar-g", "oar-p"), steps=14, warmup=4):
+    """Seconds per RL step (sample + reward + advantage + loss + optimizer step) of each method, as train.py runs
+    it on the tiny default: the same seed, so the same problems and, until the updates part them, the same
+    rollouts. Each method runs in its own process (`python train.py --steps 14`); the median over the steps
+    after a warm-up is read from its metrics.jsonl (time_step; time_oar is OAR's scoring inside it)."""
+    rows = {}
+    for m in methods:
+        with tempfile.TemporaryDirectory() as d:
+            subprocess.run([sys.executable, "train.py", "--method", m, "--steps", str(steps), "--eval-every", "1000",
+                            "--save-every", "1000", "--run-dir", d], check=True, capture_output=True,
+                           cwd=os.path.dirname(os.path.abspath(__file__)))
+            lines = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl")) if '"time_step"' in l][warmup:]
+        rows[m] = {k: statistics.median(r[k] for r in lines) for k in ("time_step", "time_sample", "time_train",
+                                                                       "time_oar")}
+    base = rows[methods[0]]["time_step"]
+    print(f"{'method':8s} {'s/step':>8s} {'x ' + methods[0]:>8s} {'sample':>8s} {'train':>8s} {'oar':>8s}")
+    for m, r in rows.items():
+        print(f"{m:8s} {r['time_step']:8.3f} {r['time_step'] / base:8.2f} {r['time_sample']:8.3f} "
+              f"{r['time_train']:8.3f} {r['time_oar']:8.3f}")
+    return rows
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
-    bench_ktae_qwen_group()
-    bench_ktae_share_of_tiny_step()
+    if "--steps" not in sys.argv:
+        bench_ktae_qwen_group()
+        bench_ktae_share_of_tiny_step()
+    bench_rl_steps()

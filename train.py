@@ -23,13 +23,15 @@ import evaluate
 import grpo
 import ktae
 import models
+import oar
 import plots
 import reward
 import sample
 import tiny
 
-# ktae = GRPO + KTAE (K7 on top of G1); dapo+ktae = DAPO + KTAE (K7 on top of DAPO's advantage)
-METHODS = ["grpo", "dapo", "ktae", "dapo+ktae"]
+# ktae = GRPO + KTAE (K7 on top of G1); dapo+ktae = DAPO + KTAE (K7 on top of DAPO's advantage);
+# oar-p / oar-g = GRPO with OAR's token weights from perturbations (O2) or one gradient (O3), plugged in by O6
+METHODS = ["grpo", "dapo", "ktae", "dapo+ktae", "oar-p", "oar-g"]
 # What --method dapo switches on (dapo.md D1-D4, rewards +-1, no KL); any of these flags given explicitly wins,
 # and each can be given alone on top of grpo, which is how the paper's ablation ladder is run.
 DAPO = {"eps_high": 0.28, "agg": "token-mean", "dynamic_sampling": True, "overlong_buffer": "1/6",
@@ -85,6 +87,16 @@ def parse_args(argv=None):
     p.add_argument("--ktae-beta", type=float, default=1.0, help="K6 weight of the information gain (0: ablate)")
     p.add_argument("--ktae-top", type=float, default=1.0, help="K6 largest key-token value")
     p.add_argument("--ktae-no-tf", action="store_true", help="K5 without the BM25 frequency term (D = h)")
+    # OAR (oar.md O1-O5)
+    p.add_argument("--oar-q", type=float, default=0.25, help="O5 quantile level (an independent reimplementation: 0.4)")
+    p.add_argument("--oar-beta", type=float, default=1.0, help="O5 boost (an independent reimplementation: 2.0)")
+    p.add_argument("--oar-sigma", type=float, default=1e-3, help="O3 noise on the reasoning embeddings")
+    p.add_argument("--oar-probe", choices=["last", "answer_mean"], default=None,
+                   help="O1 outcome probe (oar-p: last; oar-g: answer_mean)")
+    p.add_argument("--oar-chunk", type=int, default=64,
+                   help="sequences per scoring forward (O2: perturbed copies; O3: rollouts)")
+    p.add_argument("--oar-cue", default=None, help="the conclude cue appended after the reasoning (the tiny world: "
+                                                    "its own '\\boxed{'; other models: the paper note's sentence)")
     # evaluation and saving
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--save-every", type=int, default=50)
@@ -100,6 +112,9 @@ def parse_args(argv=None):
             setattr(args, k, v)
     if args.overlong_buffer == "1/6":
         args.overlong_buffer = max(1, args.max_new_tokens // 6)
+    args.oar_probe = args.oar_probe or ("last" if args.method == "oar-p" else "answer_mean")
+    if args.oar_cue is None:
+        args.oar_cue = "\\boxed{" if args.model == "tiny" else "\nTherefore, the final answer is \\boxed{"
     args.run_dir = args.run_dir or os.path.join("runs", f"{args.method}-seed{args.seed}")
     return args
 
@@ -120,7 +135,8 @@ def save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, step, probl
 
 def write_heatmap(args, step, tokenizer, qs, resp, mask, rewards, values):
     """RUN_DIR/heatmaps/stepN.html: the first group of this batch that mixes right and wrong answers, every
-    token coloured by its key-token value (green +, red -, scale -1..+1)."""
+    token coloured by its KTAE key-token value (green +, red -, scale -1..+1) or its OAR weight (green above 1,
+    red below, scale 1 +- beta)."""
     G = args.group_size
     mixed = [g for g in range(len(qs)) if 0 < (rewards[g] > 0).sum() < G]
     if not mixed:
@@ -132,8 +148,31 @@ def write_heatmap(args, step, tokenizer, qs, resp, mask, rewards, values):
         tokens = [tokenizer.decode([t]) for t in resp[i, :n].tolist()]
         rollouts.append((tokens, values[i, :n].tolist(), rewards[g, i - g * G].item()))
     os.makedirs(os.path.join(args.run_dir, "heatmaps"), exist_ok=True)
+    is_oar = args.method.startswith("oar")
     plots.token_heatmap(os.path.join(args.run_dir, "heatmaps", f"step{step}.html"),
-                        f"{args.method}: key-token values, step {step}", tiny.prompt(qs[g]), rollouts)
+                        f"{args.method}: {'OAR weights' if is_oar else 'key-token values'}, step {step}",
+                        tiny.prompt(qs[g]), rollouts, centre=1.0 if is_oar else 0.0,
+                        scale=args.oar_beta if is_oar else 1.0)
+
+
+def oar_weights(args, model, tokenizer, batch, qs, adv_seq, piece_cache):
+    """OAR's token weights [N, T] for this batch (oar.token_weights does O1-O5). Its inputs come from the sampled
+    ids: each rollout's prompt tokens, its response without EOS and each token's decoded text (for the spans),
+    and the gold answer's tokens with the closing brace for the teacher-forced probe."""
+    P, G = batch["prompt_len"], args.group_size
+    ids, attn, mask = batch["input_ids"].tolist(), batch["attention_mask"].tolist(), batch["response_mask"]
+    n_resp = (mask.sum(-1) - (~batch["truncated"]).long()).tolist()  # response tokens before the EOS
+    prompts = [[t for t, a in zip(row[:P], am[:P]) if a] for row, am in zip(ids, attn)]
+    responses = [row[P:P + n] for row, n in zip(ids, n_resp)]
+    for t in {t for r in responses for t in r} - piece_cache.keys():
+        piece_cache[t] = tokenizer.decode([t])
+    pieces = [[piece_cache[t] for t in r] for r in responses]
+    enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
+    answers = [enc(tiny.answer(q) + "}") for q in qs for _ in range(G)]
+    return oar.token_weights(model, prompts, responses, pieces, answers, enc(args.oar_cue), adv_seq, mask.shape[1],
+                             tokenizer.pad_token_id, scorer="perturb" if args.method == "oar-p" else "gradient",
+                             probe=args.oar_probe, q=args.oar_q, beta=args.oar_beta, sigma=args.oar_sigma,
+                             chunk=args.oar_chunk)
 
 
 def main(argv=None):
@@ -197,13 +236,14 @@ def main(argv=None):
     print(f"greedy held-out accuracy before: {first_acc:.3f} ({len(eval_qs)} problems)")
 
     B, G = args.prompts_per_step, args.group_size
+    piece_cache = {}  # token id -> its decoded text, for OAR's spans
     pool = tiny.train_problems(random.Random(args.seed), args.problem_pool, held_out) if args.problem_pool else None
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=args.method)
     t_start = time.time()
     for step in bar:
         # ---- 1. sample B prompts x G rollouts, keeping log pi_old of every sampled token ------------------
         # With D2 (dynamic sampling) rounds of B prompts are drawn until B groups mix right and wrong answers.
-        t0 = time.time()
+        t_step = t0 = time.time()
         kept_qs, kept, generated, rounds, checker = [], [], 0, 0, reward.new_stats()
         while len(kept_qs) < B and rounds < (args.max_sampling_rounds if args.dynamic_sampling else 1):
             qs = [problem_rng.choice(pool) for _ in range(B)] if pool else tiny.train_problems(problem_rng, B, held_out)
@@ -241,12 +281,17 @@ def main(argv=None):
 
         # ---- 3. advantage: G1, one value per rollout, broadcast to its tokens; KTAE adds K7 per token ------
         adv_seq = grpo.group_advantages(rewards, scale_std=not args.no_std_scale).view(-1).to(args.device)  # [N]
-        token_values = None
+        token_values, t_oar = None, 0.0
         if args.method.endswith("ktae"):
             token_values, _ = ktae.token_values(
                 ids[:, P:], mask, rewards, special_ids=(tokenizer.pad_token_id, tokenizer.eos_token_id),
                 alpha=args.ktae_alpha, beta=args.ktae_beta, top=args.ktae_top, use_tf=not args.ktae_no_tf)  # [N, T]
             adv = ktae.token_advantages(adv_seq, token_values, mask)  # [N, T]
+        elif args.method.startswith("oar"):
+            t_oar = time.time()
+            token_values = oar_weights(args, model, tokenizer, batch, qs, adv_seq, piece_cache)  # [N, T]
+            adv = oar.token_advantages(adv_seq, token_values, mask)  # [N, T]
+            t_oar = time.time() - t_oar
         else:
             adv = adv_seq[:, None] * mask  # [N, T]
 
@@ -279,7 +324,7 @@ def main(argv=None):
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
             optimizer.step()
         scheduler.step()
-        t_train = time.time() - t0
+        t_train, t_step = time.time() - t0, time.time() - t_step
 
         # ---- 6. log ----------------------------------------------------------------------------------------
         record = {
@@ -299,6 +344,8 @@ def main(argv=None):
             "lr": scheduler.get_last_lr()[0],
             "time_sample": t_sample,
             "time_train": t_train,
+            "time_step": t_step,  # sample + reward + advantage + loss + optimizer step
+            "time_oar": t_oar,
             **stats_sum,
             **grpo.advantage_concentration(adv, mask, adv_seq),  # O7: ESS-ratio, top-10 % mass
         }

@@ -30,10 +30,11 @@ def read(path):
     return [json.loads(line) for line in open(path)]
 
 
-def test_short_grpo_run_raises_reward(base, tmp_path):
+@pytest.mark.parametrize("method", ["grpo", "oar-g"])
+def test_short_run_raises_reward(base, tmp_path, method):
     # 16 fixed problems, 16 prompts x 8 rollouts a step: the sampled reward on them must climb
     run_dir = tmp_path / "run"
-    train.main(["--steps", "40", "--problem-pool", "16", "--lr", "1e-4", "--eval-every", "1000",
+    train.main(["--method", method, "--steps", "40", "--problem-pool", "16", "--lr", "1e-4", "--eval-every", "1000",
                 "--save-every", "1000", "--run-dir", str(run_dir)])
     steps = [m for m in read(run_dir / "metrics.jsonl") if "reward_mean" in m]
     assert len(steps) == 40
