@@ -130,17 +130,3 @@ def test_a_batch_is_its_groups_one_by_one():
     assert batch[6:12].abs().sum() == 0 and batch[24:].abs().sum() == 0  # all right, all wrong
     assert batch[:6].abs().sum() > 0 and batch[18:24].abs().sum() > 0
 
-
-@pytest.mark.parametrize("method", ["ktae", "dapo+ktae"])
-def test_train_writes_heat_maps_and_concentrates_the_advantage(base, tmp_path, method):
-    import json
-
-    import train
-    run_dir = tmp_path / method
-    train.main(["--method", method, "--steps", "2", "--eval-every", "2", "--prompts-per-step", "8",
-                "--run-dir", str(run_dir)])
-    steps = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if "reward_mean" in line]
-    assert all(s["ess_ratio"] < 1 for s in steps)  # plain GRPO gives exactly 1 (test_grpo O7)
-    page = (run_dir / "heatmaps" / "step2.html").read_text()
-    assert "Q:" in page and "rgba(0,160,0," in page and "rgba(220,0,0," in page  # question, green and red tokens
-    assert page.count('class="r"') == 8  # one line per rollout of the group (G = 8)

@@ -175,18 +175,3 @@ def test_zero_advantage_rollouts_are_not_scored():
                           scorer="perturb", probe="last", q=0.25, beta=1.0, sigma=1e-3, chunk=8)
     assert torch.equal(w, torch.ones(1, 3))
 
-
-@pytest.mark.parametrize("method", ["oar-p", "oar-g"])
-def test_train_writes_oar_heat_maps_and_concentrates_the_advantage(base, tmp_path, method):
-    import json
-
-    import train
-    run_dir = tmp_path / method
-    train.main(["--method", method, "--steps", "2", "--eval-every", "2", "--prompts-per-step", "8",
-                "--run-dir", str(run_dir)])
-    steps = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if "reward_mean" in line]
-    assert all(s["ess_ratio"] < 1 and s["top10_mass"] > 0.1 and s["time_oar"] > 0 for s in steps)
-    page = (run_dir / "heatmaps" / "step2.html").read_text()
-    assert "OAR weights" in page and page.count('class="r"') == 8
-    assert "rgba(0,160,0," in page and "rgba(220,0,0," in page  # weights above 1 green, below 1 red
-    assert 'title="+1.000"' in page  # the answer and EOS keep weight 1

@@ -69,3 +69,19 @@ def test_time_budget_stops_with_an_evaluation_and_a_checkpoint(base, tmp_path):
     assert [m["step"] for m in lines if "reward_mean" in m] == [1]
     assert [m["step"] for m in lines if "eval_accuracy" in m] == [0, 1]
     assert (run_dir / "checkpoint" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("method", ["ktae", "dapo+ktae", "oar-p", "oar-g"])
+def test_token_level_methods_write_heat_maps_and_concentrate_the_advantage(base, tmp_path, method):
+    run_dir = tmp_path / method
+    train.main(["--method", method, "--steps", "2", "--eval-every", "2", "--prompts-per-step", "8",
+                "--run-dir", str(run_dir)])
+    steps = [m for m in read(run_dir / "metrics.jsonl") if "reward_mean" in m]
+    assert all(s["ess_ratio"] < 1 and s["top10_mass"] > 0.1 for s in steps)  # plain GRPO: 1 and ~0.1 (test_grpo)
+    page = (run_dir / "heatmaps" / "step2.html").read_text()
+    assert "Q:" in page and page.count('class="r"') == 8  # the question, one line per rollout of the group (G = 8)
+    assert "rgba(0,160,0," in page and "rgba(220,0,0," in page  # green and red tokens
+    if method.startswith("oar"):  # coloured by weight: above 1 green, below 1 red; the answer and EOS keep 1
+        assert "OAR weights" in page and 'title="+1.000"' in page and all(s["time_oar"] > 0 for s in steps)
+    else:
+        assert "key-token values" in page
