@@ -68,7 +68,7 @@ def _rows(name: str, split: str, data_dir: str):
     elif name in BENCHMARKS:
         files, (hub, config) = BENCHMARKS[name]
         if split not in files:
-            raise SystemExit(f"dataset {name}: no {split} split (has {', '.join(files)})")
+            raise SystemExit(f"dataset {name}: no {split} split (it has {', '.join(files)})")
         path = os.path.join(data_dir, files[split])
         if not os.path.exists(path):
             name, path = hub + (f":{config}" if config else ""), None
@@ -97,14 +97,23 @@ def _rows(name: str, split: str, data_dir: str):
         yield f"{hub}[{split}][{i}]", row
 
 
+def tiny_problem(q: str, where: str = "tiny") -> dict:
+    """A tiny-world problem in the loader's layout, with its own prompt ("Q:7+8-9=?\nA:")."""
+    return {"question": q, "answer": tiny.answer(q), "prompt": tiny.prompt(q), "where": where}
+
+
+def train_split(name: str) -> str:
+    """The split to train on: "train" where the set has one (GSM8K), else its only split, "test" (MATH500:
+    then do not evaluate on it). Files and hub names: "train"."""
+    return "test" if name in BENCHMARKS and "train" not in BENCHMARKS[name][0] else "train"
+
+
 def load(name: str, split: str = "test", data_dir: str = DATA_DIR, limit: int = None):
     """(problems, skipped): problems are dicts with question, answer and where ('file:line') (and prompt, for the
     tiny world, whose prompts are its own); skipped lists
     'file:line: why' for every row that could not be used. `limit` keeps the first N usable problems."""
     if name == "tiny":  # the tiny world's 256 held-out problems, in its own prompt format
-        qs = tiny.eval_problems()[:limit]
-        return [{"question": q, "answer": tiny.answer(q), "prompt": tiny.prompt(q), "where": f"tiny[{i}]"}
-                for i, q in enumerate(qs)], []
+        return [tiny_problem(q, f"tiny[{i}]") for i, q in enumerate(tiny.eval_problems()[:limit])], []
     problems, skipped = [], []
     for where, row in _rows(name, split, data_dir):
         got = normalise(row) if isinstance(row, dict) else (row if isinstance(row, str) else "not a JSON object")

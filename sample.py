@@ -106,25 +106,47 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
 
 
 def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
-                   with_entropy: bool = False):
+                   with_entropy: bool = False, chunk_tokens: int = 2048):
     """log pi(o_t | q, o_<t) of every response token, by one forward over prompt + response.
 
     input_ids, attention_mask: [N, P + T] as generate() returns them. Returns logp [N, T] and, if asked,
     the entropy of each next-token distribution [N, T] (no gradient; a metric).
-    The logits at column j predict the token at column j + 1, so columns P-1 .. P+T-2 score the response.
+    The hidden state at column j predicts the token at column j + 1, so columns P-1 .. P+T-2 score the response.
+
+    The output layer runs `chunk_tokens` tokens at a time, each chunk under activation checkpointing, so a float32
+    [N, T, vocabulary] tensor never exists: for Qwen2.5 (151,936 ids) at 4 x 3,300 tokens it would take 8 GB, and
+    autograd would keep it and its softmax for the backward. A chunk holds at most 2048 x 151,936 floats (1.2 GB)
+    and is recomputed in the backward. This takes logits = lm_head(hidden), true of Qwen2 and Llama (no final
+    soft-capping or logit scaling).
     """
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-                use_cache=False)
-    logits = out.logits[:, prompt_len - 1:-1].float()  # [N, T, V]
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                 position_ids=position_ids(attention_mask), use_cache=False).last_hidden_state
+    h = hidden[:, prompt_len - 1:-1]  # [N, T, H]
+    N, T = h.shape[:2]
+    h, targets = h.reshape(N * T, -1), input_ids[:, prompt_len:].reshape(N * T)  # [N*T, H], [N*T]
+    head = model.get_output_embeddings()
+    logp, entropy = [], []
+    for s in range(0, N * T, chunk_tokens):
+        args = (head, h[s:s + chunk_tokens], targets[s:s + chunk_tokens], temperature)
+        if torch.is_grad_enabled():
+            lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(*args)
+        logp.append(lp)
+        entropy.append(ent)
+    logp = torch.cat(logp).view(N, T)  # [N, T]
+    return (logp, torch.cat(entropy).view(N, T)) if with_entropy else logp
+
+
+def _chunk_logprobs(head, h, targets, temperature):
+    """Log-prob of each target and the entropy (detached) for a chunk of tokens: h [n, H], targets [n]."""
+    logits = head(h).float()  # [n, V]
     if temperature > 0:
         logits = logits / temperature
-    targets = input_ids[:, prompt_len:]  # [N, T]
-    logp = logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [N, T]
-    if not with_entropy:
-        return logp
+    logz = torch.logsumexp(logits, dim=-1)  # [n]
+    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - logz  # [n]
     with torch.no_grad():
-        p_all = torch.softmax(logits, dim=-1)  # [N, T, V]
-        entropy = -(p_all * torch.log_softmax(logits, dim=-1)).sum(-1)  # [N, T]
+        entropy = logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)  # [n] H = log Z - E_p[logit]
     return logp, entropy
 
 

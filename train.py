@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 import dapo
+import data
 import evaluate
 import grpo
 import ktae
@@ -47,6 +48,12 @@ def parse_args(argv=None):
     p.add_argument("--run-dir", default=None, help="default: runs/METHOD-seedSEED")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint")
     p.add_argument("--seed", type=int, default=0)
+    # the task
+    p.add_argument("--dataset", default="tiny",
+                   help="training problems: tiny (generated), gsm8k, math500, a .jsonl file, or a hub name")
+    p.add_argument("--eval-dataset", default=None, help="held-out problems (tiny: its 256; else default math500)")
+    p.add_argument("--eval-limit", type=int, default=256, help="first N held-out problems")
+    p.add_argument("--data-dir", default=data.DATA_DIR, help="where the benchmark files are (else: the hub)")
     # sampling
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--max-minutes", type=float, default=None,
@@ -56,7 +63,10 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--problem-pool", type=int, default=0,
-                   help="train on a fixed pool of this many problems (0: fresh problems every step)")
+                   help="tiny: train on a fixed pool of this many problems (0: fresh problems every step)")
+    p.add_argument("--gen-batch-size", type=int, default=0,
+                   help="prompts per generate call (0: all B at once); fewer prompts, smaller KV cache")
+    p.add_argument("--eval-batch-size", type=int, default=256, help="prompts per generate call when evaluating")
     # optimisation
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--warmup-steps", type=int, default=10)
@@ -65,6 +75,7 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch-size", type=int, default=64, help="rollouts per training forward (accumulated)")
     # the objective
     p.add_argument("--beta", type=float, default=0.0, help="G4 KL weight; 0 loads no reference model")
+    p.add_argument("--ref-on-cpu", action="store_true", help="keep the reference model on the CPU between uses")
     p.add_argument("--eps-low", type=float, default=0.2)
     p.add_argument("--eps-high", type=float, default=None, help="D1 clip-higher (dapo: 0.28; default eps-low)")
     p.add_argument("--agg", default=None, choices=["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"],
@@ -102,9 +113,14 @@ def parse_args(argv=None):
     p.add_argument("--save-every", type=int, default=50)
     # hardware
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--bf16", action="store_true", help="bf16 autocast for the training forward (GPU)")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 autocast for sampling, scoring and the training forward (GPU); the weights, gradients "
+                        "and AdamW states stay float32, since a 1e-6 update is below a bf16 weight's precision")
     p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward (GPU memory)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--dry-run", action="store_true", help="print the memory plan for these settings and exit "
+                                                          "(reads only the model's config.json)")
+    p.add_argument("--gpu-memory", type=float, default=80, help="GiB to plan against when no GPU is visible")
     args = p.parse_args(argv)
     preset = DAPO if args.method.startswith("dapo") else GRPO
     for k, v in preset.items():
@@ -112,6 +128,7 @@ def parse_args(argv=None):
             setattr(args, k, v)
     if args.overlong_buffer == "1/6":
         args.overlong_buffer = max(1, args.max_new_tokens // 6)
+    args.eval_dataset = args.eval_dataset or ("tiny" if args.dataset == "tiny" else "math500")
     args.oar_probe = args.oar_probe or ("last" if args.method == "oar-p" else "answer_mean")
     if args.oar_cue is None:
         args.oar_cue = "\\boxed{" if args.model == "tiny" else "\nTherefore, the final answer is \\boxed{"
@@ -151,7 +168,7 @@ def write_heatmap(args, step, tokenizer, qs, resp, mask, rewards, values):
     is_oar = args.method.startswith("oar")
     plots.token_heatmap(os.path.join(args.run_dir, "heatmaps", f"step{step}.html"),
                         f"{args.method}: {'OAR weights' if is_oar else 'key-token values'}, step {step}",
-                        tiny.prompt(qs[g]), rollouts, centre=1.0 if is_oar else 0.0,
+                        qs[g]["prompt"], rollouts, centre=1.0 if is_oar else 0.0,
                         scale=args.oar_beta if is_oar else 1.0)
 
 
@@ -168,7 +185,7 @@ def oar_weights(args, model, tokenizer, batch, qs, adv_seq, piece_cache):
         piece_cache[t] = tokenizer.decode([t])
     pieces = [[piece_cache[t] for t in r] for r in responses]
     enc = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]
-    answers = [enc(tiny.answer(q) + "}") for q in qs for _ in range(G)]
+    answers = [enc(q["answer"] + "}") for q in qs for _ in range(G)]
     return oar.token_weights(model, prompts, responses, pieces, answers, enc(args.oar_cue), adv_seq, mask.shape[1],
                              tokenizer.pad_token_id, scorer="perturb" if args.method == "oar-p" else "gradient",
                              probe=args.oar_probe, q=args.oar_q, beta=args.oar_beta, sigma=args.oar_sigma,
@@ -177,6 +194,14 @@ def oar_weights(args, model, tokenizer, batch, qs, adv_seq, piece_cache):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.dry_run:
+        from transformers import AutoConfig
+        cfg = (tiny.build_model(tiny.build_tokenizer()).config if args.model == "tiny"
+               else AutoConfig.from_pretrained(args.model))
+        gpu = (torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available()
+               else int(args.gpu_memory * models.GiB))
+        return models.dry_run(cfg, args, gpu)
+    rss_at_start = models.rss_bytes()
     if args.threads:
         torch.set_num_threads(args.threads)
     os.makedirs(args.run_dir, exist_ok=True)
@@ -190,11 +215,12 @@ def main(argv=None):
     model, tokenizer, model_path = models.load_model(ckpt if args.resume else args.model)
     model.to(args.device)
     if args.grad_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.activation_checkpointing_enable()
     ref_model = None
     if args.beta > 0:
         ref_model, _, _ = models.load_model(args.model)
-        ref_model.to(args.device).eval().requires_grad_(False)
+        ref_model.eval().requires_grad_(False)
+        ref_model.to("cpu" if args.ref_on_cpu else args.device, dtype=torch.bfloat16 if args.bf16 else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(args.warmup_steps, 1)))
     start = 0
@@ -213,18 +239,36 @@ def main(argv=None):
     elif os.path.exists(metrics_path):
         os.remove(metrics_path)
 
-    # ---- the task: the tiny world's held-out problems never appear in training -----------------------------
-    eval_qs = tiny.eval_problems()
-    held_out = set(eval_qs)
-    eval_prompts, eval_golds = [tiny.prompt(q) for q in eval_qs], [tiny.answer(q) for q in eval_qs]
+    # ---- the task: problems with their prompts and gold answers; held-out problems never appear in training -----
+    eval_problems, skipped = data.load(args.eval_dataset, "test", args.data_dir, args.eval_limit)
+    if args.dataset == "tiny":
+        held_out = {p["question"] for p in eval_problems}
+        pool = ([data.tiny_problem(q) for q in tiny.train_problems(random.Random(args.seed), args.problem_pool,
+                                                                   held_out)] if args.problem_pool else None)
+    else:
+        pool, skipped_train = data.load(args.dataset, data.train_split(args.dataset), args.data_dir)
+        skipped += skipped_train
+        if not pool:
+            sys.exit(f"--dataset {args.dataset}: no usable problem")
+        print(f"{len(pool)} training problems from {args.dataset}, {len(eval_problems)} held out from "
+              f"{args.eval_dataset}")
+    for line in skipped[:20]:
+        print(f"skipped {line}")
+    if skipped:
+        print(f"{len(skipped)} rows skipped in all (no question or no answer)")
+    for p in (pool or []) + eval_problems:  # the tiny world's prompts are its own; others: the chat template
+        p["prompt"] = p.get("prompt") or data.build_prompt(tokenizer, p["question"])
+    eval_prompts, eval_golds = [p["prompt"] for p in eval_problems], [p["answer"] for p in eval_problems]
+    amp = lambda: torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=args.bf16)  # noqa: E731
 
     def log(record):
         with open(metrics_path, "a") as f:
             f.write(json.dumps(record) + "\n")
 
     def run_eval(step):
-        r = evaluate.score(model, tokenizer, eval_prompts, eval_golds, max_new_tokens=args.max_new_tokens,
-                           batch_size=256)
+        with amp():
+            r = evaluate.score(model, tokenizer, eval_prompts, eval_golds, max_new_tokens=args.max_new_tokens,
+                               batch_size=args.eval_batch_size)
         log({"step": step, "eval_accuracy": r["accuracy"], "eval_response_len": r["response_len"],
              "eval_boxed": r["boxed"], "eval_n": r["n"]})
         return r["accuracy"]
@@ -233,11 +277,10 @@ def main(argv=None):
         first_acc = run_eval(0)
     else:
         first_acc = next(json.loads(l)["eval_accuracy"] for l in open(metrics_path) if "eval_accuracy" in l)
-    print(f"greedy held-out accuracy before: {first_acc:.3f} ({len(eval_qs)} problems)")
+    print(f"greedy held-out accuracy before: {first_acc:.3f} ({len(eval_problems)} problems)")
 
     B, G = args.prompts_per_step, args.group_size
     piece_cache = {}  # token id -> its decoded text, for OAR's spans
-    pool = tiny.train_problems(random.Random(args.seed), args.problem_pool, held_out) if args.problem_pool else None
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=args.method)
     t_start = time.time()
     for step in bar:
@@ -246,12 +289,17 @@ def main(argv=None):
         t_step = t0 = time.time()
         kept_qs, kept, generated, rounds, checker = [], [], 0, 0, reward.new_stats()
         while len(kept_qs) < B and rounds < (args.max_sampling_rounds if args.dynamic_sampling else 1):
-            qs = [problem_rng.choice(pool) for _ in range(B)] if pool else tiny.train_problems(problem_rng, B, held_out)
-            b = sample.generate(model, [tokenizer(tiny.prompt(q))["input_ids"] for q in qs], n=G,
-                                max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+            qs = ([problem_rng.choice(pool) for _ in range(B)] if pool else
+                  [data.tiny_problem(q) for q in tiny.train_problems(problem_rng, B, held_out)])
+            prompt_ids = [tokenizer(q["prompt"])["input_ids"] for q in qs]
+            gen = args.gen_batch_size or B
+            with amp():  # one autocast region per call: the bf16 copies of the weights are made once, not per token
+                b = sample.concat_batches([sample.generate(
+                    model, prompt_ids[i:i + gen], n=G, max_new_tokens=args.max_new_tokens,
+                    temperature=args.temperature, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+                    for i in range(0, B, gen)], tokenizer.pad_token_id)
             texts = tokenizer.batch_decode(b["input_ids"][:, b["prompt_len"]:], skip_special_tokens=True)
-            b["correct"] = torch.tensor([reward.is_correct(t, tiny.answer(q), checker) is True
+            b["correct"] = torch.tensor([reward.is_correct(t, q["answer"], checker) is True
                                          for t, q in zip(texts, [q for q in qs for _ in range(G)])],
                                         device=args.device)  # [B*G]
             keep = (dapo.mixed_groups(b["correct"].view(B, G)) if args.dynamic_sampling
@@ -289,16 +337,22 @@ def main(argv=None):
             adv = ktae.token_advantages(adv_seq, token_values, mask)  # [N, T]
         elif args.method.startswith("oar"):
             t_oar = time.time()
-            token_values = oar_weights(args, model, tokenizer, batch, qs, adv_seq, piece_cache)  # [N, T]
+            with amp():
+                token_values = oar_weights(args, model, tokenizer, batch, qs, adv_seq, piece_cache)  # [N, T]
             adv = oar.token_advantages(adv_seq, token_values, mask)  # [N, T]
             t_oar = time.time() - t_oar
         else:
             adv = adv_seq[:, None] * mask  # [N, T]
 
         ref_logp = None
-        if ref_model is not None:
-            with torch.no_grad():
-                ref_logp = sample.token_logprobs(ref_model, ids, attn, P, args.temperature)  # [N, T]
+        if ref_model is not None:  # G4's reference, micro-batched like the training forward
+            ref_model.to(args.device)
+            with torch.no_grad(), amp():
+                ref_logp = torch.cat([sample.token_logprobs(ref_model, ids[s:s + args.micro_batch_size],
+                                                            attn[s:s + args.micro_batch_size], P, args.temperature)
+                                      for s in range(0, ids.shape[0], args.micro_batch_size)])  # [N, T]
+            if args.ref_on_cpu:
+                ref_model.to("cpu")
 
         # ---- 4-5. loss and optimizer step: mu updates, each accumulated over micro-batches -----------------
         t0 = time.time()
@@ -309,7 +363,7 @@ def main(argv=None):
             optimizer.zero_grad(set_to_none=True)
             for s in range(0, N, args.micro_batch_size):
                 mb = slice(s, s + args.micro_batch_size)
-                with torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=args.bf16):
+                with amp():
                     logp, entropy = sample.token_logprobs(model, ids[mb], attn[mb], P, args.temperature,
                                                           with_entropy=True)  # [n, T], [n, T]
                 # normalise by the whole batch's counts (G5), so the accumulated gradient is the full batch's
@@ -323,6 +377,7 @@ def main(argv=None):
                 entropy_sum += (entropy * mask[mb]).sum().item() / args.mu
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
             optimizer.step()
+            optimizer.zero_grad(set_to_none=True)  # free the gradients before the next sampling
         scheduler.step()
         t_train, t_step = time.time() - t0, time.time() - t_step
 
@@ -345,6 +400,7 @@ def main(argv=None):
             "time_sample": t_sample,
             "time_train": t_train,
             "time_step": t_step,  # sample + reward + advantage + loss + optimizer step
+            "peak_memory_gib": models.peak_memory_bytes(args.device, rss_at_start) / models.GiB,
             "time_oar": t_oar,
             **stats_sum,
             **grpo.advantage_concentration(adv, mask, adv_seq),  # O7: ESS-ratio, top-10 % mass

@@ -88,3 +88,27 @@ def test_concatenated_rounds_keep_their_logprobs(base):
         logp = sample.token_logprobs(model, both["input_ids"], both["attention_mask"], both["prompt_len"])
     m = both["response_mask"].bool()
     assert (logp[m] - both["logprobs"][m]).abs().max() < 1e-5
+
+
+def test_chunked_logprobs_equal_the_full_vocabulary_forward_with_gradients(base):
+    # token_logprobs never builds [N, T, V] at once; its values, entropies and gradients must equal a plain
+    # log_softmax over the model's full logits
+    model, tok = base
+    torch.manual_seed(0)
+    out = sample.generate(model, prompts(tok, 4, seed=3), n=2, max_new_tokens=20, temperature=1.0,
+                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    ids, attn, P = out["input_ids"], out["attention_mask"], out["prompt_len"]
+    m = out["response_mask"].float()
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=sample.position_ids(attn)).logits[:, P - 1:-1]
+    full = torch.log_softmax(logits / 0.7, -1)  # [N, T, V]
+    ref = full.gather(-1, ids[:, P:, None]).squeeze(-1)
+    ref_entropy = -(full.exp() * full).sum(-1)
+    (ref * m).sum().backward()
+    ref_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    logp, entropy = sample.token_logprobs(model, ids, attn, P, 0.7, with_entropy=True, chunk_tokens=7)
+    (logp * m).sum().backward()
+    assert torch.allclose(logp, ref, atol=1e-5) and torch.allclose(entropy, ref_entropy, atol=1e-5)
+    for p, g in zip(model.parameters(), ref_grads):
+        assert torch.allclose(p.grad, g, atol=1e-5)
+    model.zero_grad(set_to_none=True)

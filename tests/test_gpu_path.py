@@ -1,0 +1,94 @@
+"""The one-GPU path, checked on the CPU: a model with Qwen2.5-1.5B's exact shapes but 2 layers runs a full RL
+step through train.py, its peak memory matches the plan, the 28-layer plan prints from a config alone, and what
+train.py saves opens with the Auto classes."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+import models
+import tiny
+from test_train import ROOT
+
+QWEN15 = dict(hidden_size=1536, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,
+              vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096)
+
+
+def test_parameter_count_of_qwen25_15b():
+    # Qwen2.5-1.5B: 1,543,714,304 parameters (embeddings 151936 x 1536 = 233,373,696, tied; 28 layers of
+    # 46,797,824 = q 1536^2 + k, v 1536 x 256 each + o 1536^2 + biases 1536 + 2 x 256 + MLP 3 x 1536 x 8960 + 2 norms
+    # 1536; a final norm 1536)
+    cfg = Qwen2Config(num_hidden_layers=28, **QWEN15)
+    assert models.n_params(cfg) == 1_543_714_304
+    small = Qwen2Config(num_hidden_layers=2, **QWEN15)
+    with torch.device("meta"):
+        assert models.n_params(small) == sum(p.numel() for p in Qwen2ForCausalLM(small).parameters())
+
+
+def test_dry_run_prints_the_full_size_plan_from_a_config_alone(tmp_path):
+    Qwen2Config(num_hidden_layers=28, **QWEN15).save_pretrained(tmp_path)  # config.json only, no weights
+    r = subprocess.run([sys.executable, "train.py", "--method", "ktae", "--model", str(tmp_path), "--dataset", "gsm8k",
+                        "--dry-run", "--max-new-tokens", "3072", "--micro-batch-size", "16", "--gpu-memory", "80"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "1.544 B parameters, 28 layers" in out and "KV cache: 128 rows x 3584 tokens" in out
+    assert "does NOT fit" in out and "--grad-checkpointing" in out  # 16 rows of 3584 tokens need checkpointing
+    together = [line for line in out.splitlines() if "--bf16 --grad-checkpointing" in line]
+    assert together and float(together[0].split("peak")[1].split()[0]) < 80
+
+
+def test_one_rl_step_of_a_two_layer_qwen15b_shape_fits_its_plan(tmp_path):
+    # random init, Qwen2.5-1.5B shapes, 2 layers (327M parameters); the tiny tokenizer (its 28 ids are valid
+    # ids of the 151,936-row embedding; the rest decode to nothing)
+    cfg = Qwen2Config(num_hidden_layers=2, pad_token_id=0, eos_token_id=0, bos_token_id=0, **QWEN15)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(cfg).save_pretrained(tmp_path / "model")
+    tiny.build_tokenizer().save_pretrained(tmp_path / "model")
+    run_dir = tmp_path / "run"
+    args = ["--method", "grpo", "--model", str(tmp_path / "model"), "--steps", "1", "--prompts-per-step", "2",
+            "--group-size", "2", "--max-new-tokens", "16", "--micro-batch-size", "4", "--eval-limit", "2",
+            "--eval-every", "1000", "--run-dir", str(run_dir), "--threads", "2"]
+    r = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    step = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if "time_step" in line][0]
+    prompt_len = max(len(tiny.prompt(q)) for q in tiny.eval_problems())  # one token per character
+    plan = models.memory_plan(cfg, rollouts=4, gen_rollouts=4, prompt_len=prompt_len, max_new_tokens=16,
+                              micro_batch=4, bf16=False, grad_checkpointing=False, beta=0.0, ref_on_cpu=False)
+    planned = max(sum(items.values()) for items in plan.values()) / models.GiB
+    measured = step["peak_memory_gib"]
+    print(f"planned {planned:.2f} GiB, measured {measured:.2f} GiB")
+    assert abs(measured - planned) <= 0.25 * planned, (planned, measured)
+    # what train.py saved opens with the Auto classes, tokenizer included
+    ckpt = run_dir / "checkpoint"
+    assert type(AutoModelForCausalLM.from_pretrained(ckpt)).__name__ == "Qwen2ForCausalLM"
+    tok = AutoTokenizer.from_pretrained(ckpt)
+    assert tok.decode(tok("Q:3+5=?\nA:")["input_ids"]) == "Q:3+5=?\nA:"
+
+
+@pytest.mark.parametrize("flags", [["--bf16"], ["--grad-checkpointing", "--gen-batch-size", "2", "--beta", "0.04",
+                                                "--ref-on-cpu", "--micro-batch-size", "3"]])
+def test_memory_flags_run_on_the_tiny_model(base, tmp_path, flags):
+    import train
+    train.main(["--steps", "2", "--prompts-per-step", "4", "--group-size", "4", "--eval-every", "1000",
+                "--eval-limit", "8", "--run-dir", str(tmp_path / "run"), *flags])
+    steps = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if "time_step" in line]
+    assert len(steps) == 2 and all(s["peak_memory_gib"] > 0 for s in steps)
+    if "--beta" in flags:
+        assert steps[-1]["kl"] >= 0
+
+
+def test_training_on_a_dataset_file_reports_bad_rows(base, tmp_path, capsys):
+    import train
+    path = tmp_path / "train.jsonl"
+    rows = [{"question": f"Q:{a}+{b}=?", "answer": f"#### {a + b}"} for a in range(3) for b in range(3)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n" + json.dumps({"question": "no answer"}) + "\n")
+    train.main(["--dataset", str(path), "--eval-dataset", str(path), "--steps", "1", "--prompts-per-step", "4",
+                "--group-size", "2", "--eval-every", "1000", "--run-dir", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    assert f"skipped {path}:10: no answer" in out and "9 training problems" in out
+    evals = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if "eval_n" in line]
+    assert evals[0]["eval_n"] == 9
