@@ -88,6 +88,39 @@ def bench_ktae_share_of_tiny_step():
           f"(target <= 2 %)")
 
 
+def bench_sampler(repeat=7):
+    """Useful tokens per second (response tokens up to and including EOS) of `model.generate` and of our sampler
+    on the tiny default: 16 prompts x 8 rollouts, at most 48 new tokens, temperature 1.0 (top-k off, so both draw
+    from the full softmax). generate() runs every row until the longest ends; ours drops finished rows."""
+    model, tok, _ = tiny.load_or_build()
+    model.eval()
+    qs = tiny.train_problems(random.Random(0), 16, set(tiny.eval_problems()))
+    prompts = [tok(tiny.prompt(q))["input_ids"] for q in qs]
+    ids, mask = sample.left_pad(prompts, tok.pad_token_id)
+    ids, mask = ids.repeat_interleave(8, 0), mask.repeat_interleave(8, 0)  # [128, P]
+    useful = {}
+
+    def hf():
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=None,
+                                 top_p=None, max_new_tokens=48, eos_token_id=tok.eos_token_id,
+                                 pad_token_id=tok.pad_token_id)[:, ids.shape[1]:]  # [128, <=48]
+        is_eos = (out == tok.eos_token_id).int()
+        useful["hf"] = int(((is_eos.cumsum(1) - is_eos) == 0).sum())  # up to and including the first EOS
+
+    def ours():
+        b = sample.generate(model, prompts, n=8, max_new_tokens=48, temperature=1.0, eos_id=tok.eos_token_id,
+                            pad_id=tok.pad_token_id)
+        useful["ours"] = int(b["response_mask"].sum())
+
+    t_hf, t_ours = median_time(hf, repeat), median_time(ours, repeat)
+    hf_tps, ours_tps = useful["hf"] / t_hf, useful["ours"] / t_ours
+    print(f"model.generate: {hf_tps:,.0f} useful tokens/s ({t_hf * 1000:.0f} ms for {useful['hf']} tokens)")
+    print(f"our sampler:    {ours_tps:,.0f} useful tokens/s ({t_ours * 1000:.0f} ms for {useful['ours']} tokens)")
+    print(f"ratio: {ours_tps / hf_tps:.2f}x (target >= 1.5x)")
+    return ours_tps / hf_tps
+
+
 def bench_rl_steps(methods=("grpo", "ktae", "oar-g", "oar-p"), steps=14, warmup=4):
     """Seconds per RL step (sample + reward + advantage + loss + optimizer step) of each method, as train.py runs
     it on the tiny default: the same seed, so the same problems and, until the updates part them, the same
@@ -113,6 +146,7 @@ def bench_rl_steps(methods=("grpo", "ktae", "oar-g", "oar-p"), steps=14, warmup=
 if __name__ == "__main__":
     torch.manual_seed(0)
     if "--steps" not in sys.argv:
+        bench_sampler()
         bench_ktae_qwen_group()
         bench_ktae_share_of_tiny_step()
     bench_rl_steps()

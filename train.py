@@ -35,10 +35,10 @@ import tiny
 METHODS = ["grpo", "dapo", "ktae", "dapo+ktae", "oar-p", "oar-g"]
 # What --method dapo switches on (dapo.md D1-D4, rewards +-1, no KL); any of these flags given explicitly wins,
 # and each can be given alone on top of grpo, which is how the paper's ablation ladder is run.
-DAPO = {"eps_high": 0.28, "agg": "token-mean", "dynamic_sampling": True, "overlong_buffer": "1/6",
-        "signed_reward": True}
-GRPO = {"eps_high": None, "agg": "seq-mean-token-mean", "dynamic_sampling": False, "overlong_buffer": 0,
-        "signed_reward": False}
+DAPO = {"eps_high": 0.28, "agg": "token-mean", "dynamic_sampling": True, "keep_surplus": True,
+        "overlong_buffer": "1/6", "signed_reward": True}
+GRPO = {"eps_high": None, "agg": "seq-mean-token-mean", "dynamic_sampling": False, "keep_surplus": False,
+        "overlong_buffer": 0, "signed_reward": False}
 
 
 def parse_args(argv=None):
@@ -84,6 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=None,
                    help="D2: keep only groups with 0 < #correct < G, sampling more until the batch is full")
     p.add_argument("--max-sampling-rounds", type=int, default=10, help="D2: rounds of generation at most per step")
+    p.add_argument("--keep-surplus", action=argparse.BooleanOptionalAction, default=None,
+                   help="D2: mixed groups beyond the batch wait in a buffer for the next step (DAPO's Algorithm 1 "
+                        "buffer; dapo: on) instead of being dropped (as verl does)")
     p.add_argument("--short-batch", choices=["train", "stop"], default="train",
                    help="D2: after the last round, train on the groups kept, or stop with a message")
     p.add_argument("--overlong-buffer", type=int, default=None,
@@ -136,16 +139,16 @@ def parse_args(argv=None):
     return args
 
 
-def save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, step, problem_rng, args):
-    """RUN_DIR/checkpoint = an HF model directory + state.pt. Written beside and swapped in, so a run killed
-    while saving keeps the previous checkpoint."""
+def save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, step, problem_rng, args, extra):
+    """RUN_DIR/checkpoint = an HF model directory + state.pt (optimizer, scheduler, RNG states, and `extra`: the
+    D2 surplus). Written beside and swapped in, so a run killed while saving keeps the previous checkpoint."""
     final, tmp = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, "checkpoint.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     torch.save({"step": step, "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
-                "problem_rng": problem_rng.getstate(), "args": vars(args)}, os.path.join(tmp, "state.pt"))
+                "problem_rng": problem_rng.getstate(), "args": vars(args), **extra}, os.path.join(tmp, "state.pt"))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
 
@@ -226,7 +229,7 @@ def main(argv=None):
     start = 0
     metrics_path = os.path.join(args.run_dir, "metrics.jsonl")
     if args.resume:
-        state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
+        state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False, map_location="cpu")
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         problem_rng.setstate(state["problem_rng"])
@@ -281,13 +284,18 @@ def main(argv=None):
 
     B, G = args.prompts_per_step, args.group_size
     piece_cache = {}  # token id -> its decoded text, for OAR's spans
+    # D2 with --keep-surplus: mixed groups sampled beyond the last batch (saved with the checkpoint)
+    surplus_qs, surplus = (state.get("surplus_qs", []), state.get("surplus", [])) if args.resume else ([], [])
+    surplus = [{k: v.to(args.device) if torch.is_tensor(v) else v for k, v in b.items()} for b in surplus]
     bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=args.method)
     t_start = time.time()
     for step in bar:
         # ---- 1. sample B prompts x G rollouts, keeping log pi_old of every sampled token ------------------
         # With D2 (dynamic sampling) rounds of B prompts are drawn until B groups mix right and wrong answers.
         t_step = t0 = time.time()
-        kept_qs, kept, generated, rounds, checker = [], [], 0, 0, reward.new_stats()
+        # Mixed groups left over from the last step's rounds come first (their log pi_old is the older policy's,
+        # which the ratio G2 accounts for; they are at most a step or two old).
+        kept_qs, kept, generated, rounds, checker = list(surplus_qs), list(surplus), 0, 0, reward.new_stats()
         while len(kept_qs) < B and rounds < (args.max_sampling_rounds if args.dynamic_sampling else 1):
             qs = ([problem_rng.choice(pool) for _ in range(B)] if pool else
                   [data.tiny_problem(q) for q in tiny.train_problems(problem_rng, B, held_out)])
@@ -313,8 +321,13 @@ def main(argv=None):
         if not kept_qs:
             tqdm.write(f"step {step + 1}: no group mixed right and wrong answers in {rounds} rounds; no update")
             continue
-        qs = kept_qs[:B]
-        batch = sample.select_rows(sample.concat_batches(kept, tokenizer.pad_token_id), torch.arange(len(qs) * G))
+        qs, carried, n_kept = kept_qs[:B], len(surplus_qs), len(kept_qs)
+        pooled = sample.concat_batches(kept, tokenizer.pad_token_id)
+        batch = sample.select_rows(pooled, torch.arange(len(qs) * G))
+        if args.keep_surplus and len(kept_qs) > B:
+            surplus_qs, surplus = kept_qs[B:], [sample.select_rows(pooled, torch.arange(B * G, len(kept_qs) * G))]
+        else:
+            surplus_qs, surplus = [], []
         ids, attn, mask = batch["input_ids"], batch["attention_mask"], batch["response_mask"]  # [N,P+T] [N,P+T] [N,T]
         P, Bk = batch["prompt_len"], len(qs)
         t_sample = time.time() - t0
@@ -390,10 +403,12 @@ def main(argv=None):
             "entropy": entropy_sum / n_tokens.item(),
             "zero_adv_groups": (rewards.std(dim=1) == 0).float().mean().item(),
             "truncated": batch["truncated"].float().mean().item(),
-            "boxed": 1 - checker["no_box"] / checker["graded"],  # share of sampled responses with a \boxed answer
+            "boxed": 1 - checker["no_box"] / max(checker["graded"], 1),  # share of sampled responses with a \boxed answer
             "checker_failures": checker["timeouts"] + checker["errors"] + checker["gold_unparseable"],
             "groups_generated": generated,
             "groups_kept": len(qs),
+            "groups_carried_in": carried,  # D2 surplus of earlier steps used here
+            "groups_mixed": n_kept - carried,  # groups sampled this step that mixed right and wrong
             "sampling_rounds": rounds,
             "grad_norm": grad_norm,
             "lr": scheduler.get_last_lr()[0],
@@ -418,7 +433,8 @@ def main(argv=None):
             if token_values is not None:
                 write_heatmap(args, step + 1, tokenizer, qs, ids[:, P:], mask, rewards, token_values)
         if (step + 1) % args.save_every == 0 or last_step:
-            save_checkpoint(args.run_dir, model, tokenizer, optimizer, scheduler, step + 1, problem_rng, args)
+            save_checkpoint(args.run_dir, model, tokenizer, optimizer, scheduler, step + 1, problem_rng, args,
+                            {"surplus_qs": surplus_qs, "surplus": surplus})
         if out_of_time:
             tqdm.write(f"--max-minutes {args.max_minutes} reached after {step + 1} steps")
             break

@@ -60,6 +60,28 @@ def test_dynamic_sampling_refills_the_batch(base, tmp_path):
     assert all(s["groups_kept"] == 16 and s["zero_adv_groups"] == 0 for s in steps)
     assert any(s["sampling_rounds"] >= 2 and s["groups_generated"] > 16 for s in steps)  # a refill happened
     assert all(s["groups_generated"] == 16 * s["sampling_rounds"] for s in steps)
+    # --keep-surplus (on for dapo): what a step found beyond its 16 groups opens the next step
+    for a, b in zip(steps, steps[1:]):
+        assert b["groups_carried_in"] == a["groups_carried_in"] + a["groups_mixed"] - 16
+
+
+def test_without_surplus_nothing_is_carried(base, tmp_path):
+    run_dir = tmp_path / "dapo"
+    train.main(["--method", "dapo", "--no-keep-surplus", "--steps", "2", "--eval-every", "1000",
+                "--save-every", "1000", "--run-dir", str(run_dir)])
+    steps = [json.loads(l) for l in open(run_dir / "metrics.jsonl") if "groups_kept" in l]
+    assert all(s["groups_carried_in"] == 0 and s["groups_kept"] == 16 for s in steps)
+
+
+def test_dapo_resumes_with_its_surplus(base, tmp_path):
+    common = ["--method", "dapo", "--prompts-per-step", "4", "--group-size", "4", "--eval-every", "1000",
+              "--save-every", "2"]
+    train.main(["--steps", "4", *common, "--run-dir", str(tmp_path / "full")])
+    train.main(["--steps", "2", *common, "--run-dir", str(tmp_path / "b")])
+    train.main(["--steps", "4", "--resume", *common, "--run-dir", str(tmp_path / "b")])
+    key = lambda d: [(m["step"], m["groups_carried_in"], m["reward_mean"]) for m in  # noqa: E731
+                     map(json.loads, open(tmp_path / d / "metrics.jsonl")) if "groups_kept" in m]
+    assert key("b") == pytest.approx(key("full"))
 
 
 def test_dynamic_sampling_can_stop_with_a_message(base, tmp_path):
