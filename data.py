@@ -159,7 +159,8 @@ def check_references(name: str, data_dir: str = DATA_DIR, split: str = "test"):
         if reward.is_correct(reference_response(name, row), got[1], stats):
             ok += 1
         else:
-            bad.append(f"{where}: gold {got[1]!r} vs reference box {reward.last_boxed(reference_response(name, row))!r}")
+            box = reward.last_boxed(reference_response(name, row))
+            bad.append(f"{where}: gold {got[1]!r} vs reference box {box!r}")
     return n, ok, bad
 
 

@@ -12,8 +12,8 @@ import tiny
 
 
 def load_model(name: str, flag: str = "--model"):
-    """(model, tokenizer, name). The tokenizer pads on the left (the sampler's layout) and has a pad token (its
-    EOS when the model has none, as for Qwen2.5 base)."""
+    """(model, tokenizer, name). The model is float32 (train.py's --bf16 is autocast). The tokenizer pads on the
+    left (the sampler's layout) and has a pad token (its EOS when the model has none, as for Qwen2.5 base)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     if name == "tiny":
         return tiny.load_or_build()
@@ -23,7 +23,9 @@ def load_model(name: str, flag: str = "--model"):
         sys.exit(f"{flag} {name}: no such directory")
     try:
         tok = AutoTokenizer.from_pretrained(path, padding_side="left")
-        model = AutoModelForCausalLM.from_pretrained(path)
+        # float32 whatever the checkpoint holds: transformers 5 otherwise keeps the stored dtype (bf16 for
+        # Qwen2.5), and at lr 1e-6 an AdamW update is below a bf16 weight's precision: nothing would train.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except OSError as e:
         sys.exit(f"{flag} {name}: not a local directory, and it could not be loaded from the hub "
                  f"(offline machine?): {str(e).splitlines()[0]}")

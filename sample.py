@@ -6,8 +6,8 @@ generate(): batched autoregressive sampling with a KV cache.
     see alone. token_logprobs() derives them the same way: otherwise the training forward scores the sampled
     tokens at other positions than they were sampled at, and the log-probs of pi_old and pi_theta disagree.
   * Each prompt is prefilled once and its cache copied to its n rollouts (a group shares one prompt).
-  * A row that emits EOS leaves the decode batch, so the batch shrinks while the longest rows finish
-    instead of decoding padding to the end.
+  * Rows that have emitted EOS leave the decode batch (in batches, once they are a quarter of it), so the
+    batch shrinks while the longest rows finish instead of decoding padding to the end.
   * The log-prob of every sampled token is kept: these are log pi_old for the ratio of grpo.py G2.
 
 Layout of what it returns (N = number of prompts * n, P = longest prompt, T = longest response):
@@ -41,6 +41,9 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
 
 
+DROP_SHARE = 0.25  # finished rows leave the decode batch once they are this share of it (measured: bench.py)
+
+
 @torch.no_grad()
 def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperature: float, eos_id: int,
              pad_id: int) -> dict:
@@ -65,7 +68,8 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
     tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)  # [N, T]
     logprobs = torch.zeros((N, max_new_tokens), device=device)  # [N, T]
     lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)  # [N]
-    active = torch.arange(N, device=device)  # [A] rows still decoding
+    active = torch.arange(N, device=device)  # [A] rows in the decode batch
+    finished = torch.zeros(N, dtype=torch.bool, device=device)  # [A] rows of the batch that have emitted EOS
     for t in range(max_new_tokens):
         logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)  # [A, V]
         if temperature > 0:
@@ -74,14 +78,18 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
             nxt = logp.argmax(-1)  # [A]
         tokens[active, t] = nxt
         logprobs[active, t] = logp.gather(1, nxt[:, None]).squeeze(1)
-        done = nxt == eos_id  # [A]
+        done = (nxt == eos_id) & ~finished  # [A] rows that end here
         lengths[active[done]] = t + 1
-        if done.all() or t == max_new_tokens - 1:
+        finished |= done
+        if finished.all() or t == max_new_tokens - 1:
             break
-        if done.any():  # finished rows leave the batch (their cache rows too)
-            keep = (~done).nonzero().squeeze(1)  # [A']
+        # Finished rows leave the batch (their cache rows too), but only once DROP_SHARE of it has finished:
+        # copying every layer's cache for each single row that ends would cost more than decoding a few rows
+        # for nothing. What a finished row decodes meanwhile lies past its length and is masked out below.
+        if finished.sum() >= DROP_SHARE * len(active):
+            keep = (~finished).nonzero().squeeze(1)  # [A']
             cache.batch_select_indices(keep)
-            active, nxt, mask, pos = active[keep], nxt[keep], mask[keep], pos[keep]
+            active, nxt, mask, pos, finished = active[keep], nxt[keep], mask[keep], pos[keep], finished[keep]
         mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)  # [A, P + t + 1]
         out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
                     use_cache=True)
@@ -92,6 +100,7 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
     T = int(lengths.max())
     tokens, logprobs = tokens[:, :T], logprobs[:, :T]
     response_mask = (torch.arange(T, device=device)[None, :] < lengths[:, None]).long()  # [N, T]
+    tokens = tokens.masked_fill(response_mask == 0, pad_id)  # what rows decoded after their EOS
     prompt_ids, prompt_mask = left_pad(prompts, pad_id)
     prompt_ids = prompt_ids.to(device).repeat_interleave(n, 0)  # [N, P]
     prompt_mask = prompt_mask.to(device).repeat_interleave(n, 0)  # [N, P]

@@ -92,3 +92,14 @@ def test_training_on_a_dataset_file_reports_bad_rows(base, tmp_path, capsys):
     assert f"skipped {path}:10: no answer" in out and "9 training problems" in out
     evals = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if "eval_n" in line]
     assert evals[0]["eval_n"] == 9
+
+
+def test_a_bf16_checkpoint_loads_as_float32(tmp_path):
+    # transformers 5 keeps a checkpoint's dtype by default; Qwen2.5 is stored in bf16, where a 1e-6 update is lost
+    tok = tiny.build_tokenizer()
+    tiny.build_model(tok).to(torch.bfloat16).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    model, _, _ = models.load_model(str(tmp_path))
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    w = torch.tensor([0.02], dtype=torch.bfloat16)
+    assert (w + 1e-6).item() == w.item()  # why: the update vanishes in bf16
