@@ -33,3 +33,28 @@ body {{ font-family: sans-serif; margin: 2em; }} .r {{ margin: 1em 0; }} .h {{ c
 {''.join(rows)}</body></html>"""
     with open(path, "w") as f:
         f.write(page)
+
+
+def curves(path: str, key: str, runs: dict, ylabel: str = None):
+    """One PNG: `key` over steps, a line per method (the mean over its seeds) and a band from the lowest to the
+    highest seed. runs: {method: [records of seed 0, records of seed 1, ...]}, records as in metrics.jsonl;
+    steps where a seed has no value are left out of that seed."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for method, seeds in runs.items():
+        series = [{r["step"]: r[key] for r in recs if key in r and r[key] == r[key]} for recs in seeds]  # no NaN
+        steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
+        if not steps:
+            continue
+        values = [[s[x] for s in series] for x in steps]
+        ax.plot(steps, [sum(v) / len(v) for v in values], label=method)
+        ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel or key)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

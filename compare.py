@@ -1,0 +1,99 @@
+"""Side-by-side runs: every method over the same seeds on the tiny default, one command, one directory.
+
+    python compare.py                                   # grpo dapo ktae dapo+ktae oar-g oar-p, seeds 0 1 2
+    python compare.py --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick
+
+Each run is `python train.py --method M --seed S --run-dir OUT/M-seedS` in its own process. A seed fixes the
+problems drawn and the sampling RNG, so every method sees the same problems at the same step (DAPO's extra
+rounds of dynamic sampling draw further problems, so its batches drift from the others'). A run that already
+finished is reused, and one that was interrupted resumes from its checkpoint, so a stopped comparison picks up
+where it was. Then OUT holds:
+    accuracy.png reward.png length.png entropy.png ess.png   a line per method (mean over seeds), min-max band
+    results.md                                               final accuracy mean +- std, length, wall time
+    heatmaps/METHOD.html                                     the last evaluation's heat map (seed 0)
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+
+import plots
+
+PLOTS = {"accuracy.png": ("eval_accuracy", "greedy held-out accuracy"), "reward.png": ("reward_mean", "sampled reward"),
+         "length.png": ("response_len", "response length (tokens)"), "entropy.png": ("entropy", "entropy"),
+         "ess.png": ("ess_ratio", "ESS-ratio of the advantage (O7)")}
+
+
+def read(path):
+    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+
+
+def run_one(method, seed, args):
+    """Run (or resume, or reuse) one method and seed; return its metrics records."""
+    run_dir = os.path.join(args.out, f"{method}-seed{seed}")
+    done_path = os.path.join(run_dir, "done.json")
+    if os.path.exists(done_path):
+        return read(os.path.join(run_dir, "metrics.jsonl"))
+    cmd = [sys.executable, "train.py", "--method", method, "--seed", str(seed), "--steps", str(args.steps),
+           "--run-dir", run_dir, "--eval-every", str(args.eval_every), "--save-every", str(args.eval_every),
+           *args.train_args]
+    resuming = os.path.exists(os.path.join(run_dir, "checkpoint", "state.pt"))
+    print(f"{'resuming' if resuming else 'running'} {method} seed {seed}: {' '.join(cmd[1:])}", flush=True)
+    subprocess.run(cmd + (["--resume"] if resuming else []), check=True,
+                   cwd=os.path.dirname(os.path.abspath(__file__)))
+    with open(done_path, "w") as f:
+        json.dump({"method": method, "seed": seed, "steps": args.steps}, f)
+    return read(os.path.join(run_dir, "metrics.jsonl"))
+
+
+def table(results: dict) -> str:
+    """results: {method: [records of each seed]} -> a Markdown table. Minutes are those spent in steps (sum of
+    time_step: sampling to optimizer step, evaluations left out), so a resumed run counts what it computed."""
+    lines = ["| method | seeds | greedy accuracy before | after (mean +- std) | response length after | "
+             "ESS-ratio (last 20 steps) | minutes in steps per run |", "|---|---|---|---|---|---|---|"]
+    for method, runs in results.items():
+        evals = [[r for r in recs if "eval_accuracy" in r] for recs in runs]
+        after = [e[-1]["eval_accuracy"] for e in evals]
+        steps = [[r for r in recs if "ess_ratio" in r][-20:] for recs in runs]
+        minutes = [sum(r["time_step"] for r in recs if "time_step" in r) / 60 for recs in runs]
+        ess = statistics.mean(r["ess_ratio"] for s in steps for r in s if r["ess_ratio"] == r["ess_ratio"])
+        std = statistics.stdev(after) if len(after) > 1 else 0.0
+        lines.append(f"| {method} | {len(runs)} | {statistics.mean(e[0]['eval_accuracy'] for e in evals):.3f} | "
+                     f"{statistics.mean(after):.3f} +- {std:.3f} | "
+                     f"{statistics.mean(e[-1]['eval_response_len'] for e in evals):.1f} | {ess:.3f} | "
+                     f"{statistics.mean(minutes):.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--methods", default="grpo,dapo,ktae,dapo+ktae,oar-g,oar-p")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--out", default="runs/compare")
+    p.add_argument("train_args", nargs="*", help="more train.py flags, after --, e.g. -- --lr 1e-4")
+    args = p.parse_args(argv)
+    methods, seeds = args.methods.split(","), [int(s) for s in args.seeds.split(",")]
+    os.makedirs(args.out, exist_ok=True)
+    results = {m: [run_one(m, s, args) for s in seeds] for m in methods}
+    for name, (key, label) in PLOTS.items():
+        plots.curves(os.path.join(args.out, name), key, results, label)
+    os.makedirs(os.path.join(args.out, "heatmaps"), exist_ok=True)
+    for m in methods:
+        maps = os.path.join(args.out, f"{m}-seed{seeds[0]}", "heatmaps")
+        if os.path.isdir(maps) and os.listdir(maps):
+            last = max(os.listdir(maps), key=lambda f: int(f[4:-5]))  # stepN.html
+            shutil.copy(os.path.join(maps, last), os.path.join(args.out, "heatmaps", f"{m}.html"))
+    md = table(results)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(f"`python compare.py --methods {args.methods} --seeds {args.seeds} --steps {args.steps}`\n\n" + md)
+    print(md)
+    return results
+
+
+if __name__ == "__main__":
+    main()

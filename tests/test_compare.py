@@ -1,0 +1,32 @@
+"""compare.py: two methods, one seed, a few steps: plots, table and heat maps written, the table's numbers equal
+the metrics files', and a finished comparison is reused rather than rerun."""
+import json
+import os
+import statistics
+
+import compare
+
+
+def test_compare_two_methods_writes_plots_and_a_table_from_the_metrics(base, tmp_path, capsys):
+    out = str(tmp_path / "cmp")
+    args = ["--methods", "grpo,ktae", "--seeds", "0", "--steps", "3", "--eval-every", "3", "--out", out,
+            "--", "--prompts-per-step", "4", "--group-size", "4", "--eval-limit", "16"]
+    compare.main(args)
+    for name in compare.PLOTS:
+        assert os.path.getsize(os.path.join(out, name)) > 1000  # a PNG was drawn
+    assert os.path.exists(os.path.join(out, "heatmaps", "ktae.html"))
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in open(os.path.join(out, "results.md")) if line.startswith("| grpo") or line.startswith("| ktae")}
+    for method in ("grpo", "ktae"):
+        recs = [json.loads(line) for line in open(os.path.join(out, f"{method}-seed0", "metrics.jsonl"))]
+        evals = [r for r in recs if "eval_accuracy" in r]
+        assert [e["step"] for e in evals] == [0, 3]
+        seeds, before, after, length, ess, minutes = rows[method]
+        assert seeds == "1" and float(before) == round(evals[0]["eval_accuracy"], 3)
+        assert after == f"{evals[-1]['eval_accuracy']:.3f} +- 0.000"
+        assert float(length) == round(evals[-1]["eval_response_len"], 1)
+        assert float(ess) == round(statistics.mean(r["ess_ratio"] for r in recs if "ess_ratio" in r), 3)
+        assert float(minutes) == round(sum(r["time_step"] for r in recs if "time_step" in r) / 60, 1)
+    capsys.readouterr()
+    compare.main(args)  # everything finished: reused, nothing rerun
+    assert "running" not in capsys.readouterr().out
