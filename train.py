@@ -371,23 +371,28 @@ def main(argv=None):
         t0 = time.time()
         model.train()
         N, n_tokens = ids.shape[0], mask.sum()
+        # Micro-batches take rollouts in order of length and stop at their longest response: a padding column costs
+        # a full forward and backward and changes nothing (its mask is 0).
+        lengths = batch["response_mask"].sum(-1)  # [N]
+        by_length = lengths.argsort()  # [N]
         stats_sum, entropy_sum, grad_norm = {}, 0.0, 0.0
         for _ in range(args.mu):
             optimizer.zero_grad(set_to_none=True)
             for s in range(0, N, args.micro_batch_size):
-                mb = slice(s, s + args.micro_batch_size)
+                mb = by_length[s:s + args.micro_batch_size]  # [n] rollouts of similar length
+                t = int(lengths[mb].max())  # the micro-batch's longest response: the columns after it are padding
                 with amp():
-                    logp, entropy = sample.token_logprobs(model, ids[mb], attn[mb], P, args.temperature,
-                                                          with_entropy=True)  # [n, T], [n, T]
+                    logp, entropy = sample.token_logprobs(model, ids[mb, :P + t], attn[mb, :P + t], P,
+                                                          args.temperature, with_entropy=True)  # [n, t], [n, t]
                 # normalise by the whole batch's counts (G5), so the accumulated gradient is the full batch's
                 loss, st = grpo.policy_loss(
-                    logp, batch["logprobs"][mb], adv[mb], mask[mb], eps_low=args.eps_low, eps_high=args.eps_high,
-                    beta=args.beta, ref_logp=None if ref_logp is None else ref_logp[mb], agg=args.agg,
-                    max_new_tokens=args.max_new_tokens, n_seqs=N, n_tokens=n_tokens)
+                    logp, batch["logprobs"][mb, :t], adv[mb, :t], mask[mb, :t], eps_low=args.eps_low,
+                    eps_high=args.eps_high, beta=args.beta, ref_logp=None if ref_logp is None else ref_logp[mb, :t],
+                    agg=args.agg, max_new_tokens=args.max_new_tokens, n_seqs=N, n_tokens=n_tokens)
                 loss.backward()
                 for k, v in st.items():
                     stats_sum[k] = stats_sum.get(k, 0.0) + v / args.mu
-                entropy_sum += (entropy * mask[mb]).sum().item() / args.mu
+                entropy_sum += (entropy * mask[mb, :t]).sum().item() / args.mu
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)  # free the gradients before the next sampling
