@@ -18,7 +18,9 @@ import os
 import reward
 import tiny
 
-DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shared", "data")
+# the local copies of the benchmarks: $MATH_DATA_DIR, else ../shared/data beside the project
+DATA_DIR = os.environ.get("MATH_DATA_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                                           "shared", "data")
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
 # name -> local file per split (under the data directory), and the usual hub dataset (name, config, split).
