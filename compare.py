@@ -1,6 +1,6 @@
 """Side-by-side runs: every method over the same seeds on the tiny default, one command, one directory.
 
-    python compare.py                                   # grpo dapo ktae dapo+ktae oar-g oar-p, seeds 0 1 2
+    python compare.py                                   # grpo dapo ktae dapo+ktae oar-g oar-p, seeds 0 1 2, 100 steps
     python compare.py --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick
 
 Each run is `python train.py --method M --seed S --run-dir OUT/M-seedS` in its own process. A seed fixes the
@@ -36,6 +36,9 @@ def run_one(method, seed, args):
     run_dir = os.path.join(args.out, f"{method}-seed{seed}")
     done_path = os.path.join(run_dir, "done.json")
     if os.path.exists(done_path):
+        done = json.load(open(done_path))
+        if done["steps"] != args.steps:
+            sys.exit(f"{run_dir} finished with --steps {done['steps']}, not {args.steps}: use another --out")
         return read(os.path.join(run_dir, "metrics.jsonl"))
     cmd = [sys.executable, "train.py", "--method", method, "--seed", str(seed), "--steps", str(args.steps),
            "--run-dir", run_dir, "--eval-every", str(args.eval_every), "--save-every", str(args.eval_every),
@@ -72,7 +75,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--methods", default="grpo,dapo,ktae,dapo+ktae,oar-g,oar-p")
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--steps", type=int, default=100, help="per run (6 methods x 3 seeds of 100 steps: about 35 "
+                                                           "minutes on 2 cores)")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--out", default="runs/compare")
     p.add_argument("train_args", nargs="*", help="more train.py flags, after --, e.g. -- --lr 1e-4")
