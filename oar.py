@@ -85,6 +85,11 @@ def kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     return (logp.exp() * (logp - logq)).sum(-1)
 
 
+def _probe_columns(probe: torch.Tensor) -> int:
+    """How many last columns hold every row's probe positions: from the earliest first probe column to the end."""
+    return int((probe.shape[1] - probe.float().argmax(1)).max())
+
+
 def _probe_logits(model, ids=None, attn=None, embeds=None, keep: int = 1):
     """Logits of the last `keep` columns (the probe positions lie there): a [n, L, 151936] float32 tensor for
     the whole sequence is never made."""
@@ -102,7 +107,7 @@ def perturbation_scores(model, ids, attn, reason, probe, pad_id: int, mode: str 
     The prefix before t is unchanged, so its KV cache could be reused; on the tiny world the prefix is a dozen
     tokens and the plain forward is the readable choice.
     """
-    keep = int((probe.shape[1] - probe.float().argmax(1)).max()) + 1  # columns from the first probe position
+    keep = _probe_columns(probe)
     logp = outcome_probe(_probe_logits(model, ids, attn, keep=keep), probe[:, -keep:], mode)  # [n, V]
     rows, cols = reason.nonzero(as_tuple=True)  # [M], [M] one perturbed copy per reasoning token
     scores = torch.zeros(reason.shape, device=ids.device)  # [n, L]
@@ -120,7 +125,7 @@ def gradient_scores(model, ids, attn, reason, probe, mode: str = "answer_mean", 
     eps ~ N(0, sigma^2) on the reasoning positions only (at the clean input J and its gradient are exactly 0);
     g = dJ/de by one torch.autograd.grad to the embeddings alone, so no parameter's .grad is touched (the
     authors' listing called J.backward()); I_t = |<g_t, e_t>| (gradient times input). Returns I [n, L]."""
-    keep = int((probe.shape[1] - probe.float().argmax(1)).max()) + 1
+    keep = _probe_columns(probe)
     e = model.get_input_embeddings()(ids).detach()  # [n, L, H]
     with torch.no_grad():
         logp0 = outcome_probe(_probe_logits(model, attn=attn, embeds=e, keep=keep), probe[:, -keep:], mode)  # [n, V]
