@@ -361,9 +361,10 @@ def main(argv=None):
         if ref_model is not None:  # G4's reference, micro-batched like the training forward
             ref_model.to(args.device)
             with torch.no_grad(), amp():
-                ref_logp = torch.cat([sample.token_logprobs(ref_model, ids[s:s + args.micro_batch_size],
-                                                            attn[s:s + args.micro_batch_size], P, args.temperature)
-                                      for s in range(0, ids.shape[0], args.micro_batch_size)])  # [N, T]
+                ref_logp = torch.cat([sample.token_logprobs(
+                    ref_model, ids[s:s + args.micro_batch_size], attn[s:s + args.micro_batch_size], P, args.temperature,
+                    groups=torch.arange(s, min(s + args.micro_batch_size, ids.shape[0]), device=ids.device) // G)
+                    for s in range(0, ids.shape[0], args.micro_batch_size)])  # [N, T]
             if args.ref_on_cpu:
                 ref_model.to("cpu")
 
@@ -371,19 +372,27 @@ def main(argv=None):
         t0 = time.time()
         model.train()
         N, n_tokens = ids.shape[0], mask.sum()
+        # Only rollouts with a non-zero advantage on some token are scored. With beta = 0 a rollout whose every
+        # A_{i,t} is 0 adds exactly 0 to the loss, its gradient and its statistics (G3: rho * 0 = clip(rho) * 0 = 0);
+        # it still counts in the normalisers n_seqs and n_tokens, passed in whole. In GRPO these are the groups
+        # that all agree (a fifth to a quarter of them on the tiny task), so this saves that share of the training
+        # forward and backward. A batch where no rollout counts makes no update (AdamW skips parameters without
+        # a gradient), as DAPO's D2 would have it. With beta > 0 the KL term (G4) needs every rollout.
+        lengths = batch["response_mask"].sum(-1)  # [N]
+        scored = (adv != 0).any(-1) | (args.beta > 0)  # [N]
         # Micro-batches take rollouts in order of length and stop at their longest response: a padding column costs
         # a full forward and backward and changes nothing (its mask is 0).
-        lengths = batch["response_mask"].sum(-1)  # [N]
         by_length = lengths.argsort()  # [N]
-        stats_sum, entropy_sum, grad_norm = {}, 0.0, 0.0
+        by_length = by_length[scored[by_length]]  # [n_scored]
+        stats_sum, grad_norm = {"policy_term": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0}, 0.0
         for _ in range(args.mu):
             optimizer.zero_grad(set_to_none=True)
-            for s in range(0, N, args.micro_batch_size):
+            for s in range(0, len(by_length), args.micro_batch_size):
                 mb = by_length[s:s + args.micro_batch_size]  # [n] rollouts of similar length
                 t = int(lengths[mb].max())  # the micro-batch's longest response: the columns after it are padding
                 with amp():
-                    logp, entropy = sample.token_logprobs(model, ids[mb, :P + t], attn[mb, :P + t], P,
-                                                          args.temperature, with_entropy=True)  # [n, t], [n, t]
+                    logp = sample.token_logprobs(model, ids[mb, :P + t], attn[mb, :P + t], P, args.temperature,
+                                                 groups=mb // G)  # [n, t]; a group's prompt runs once
                 # normalise by the whole batch's counts (G5), so the accumulated gradient is the full batch's
                 loss, st = grpo.policy_loss(
                     logp, batch["logprobs"][mb, :t], adv[mb, :t], mask[mb, :t], eps_low=args.eps_low,
@@ -392,7 +401,6 @@ def main(argv=None):
                 loss.backward()
                 for k, v in st.items():
                     stats_sum[k] = stats_sum.get(k, 0.0) + v / args.mu
-                entropy_sum += (entropy * mask[mb, :t]).sum().item() / args.mu
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)  # free the gradients before the next sampling
@@ -405,7 +413,7 @@ def main(argv=None):
             "reward_mean": rewards.mean().item(),
             "accuracy": correct.float().mean().item(),
             "response_len": mask.sum(-1).float().mean().item(),
-            "entropy": entropy_sum / n_tokens.item(),
+            "entropy": ((batch["entropy"] * mask).sum() / n_tokens).item(),  # of the sampling distribution
             "zero_adv_groups": (rewards.std(dim=1) == 0).float().mean().item(),
             "truncated": batch["truncated"].float().mean().item(),
             "boxed": 1 - checker["no_box"] / max(checker["graded"], 1),  # share of sampled responses with a \boxed answer

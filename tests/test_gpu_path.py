@@ -43,7 +43,9 @@ def test_dry_run_prints_the_full_size_plan_from_a_config_alone(tmp_path):
 
 def test_one_rl_step_of_a_two_layer_qwen15b_shape_fits_its_plan(tmp_path):
     # random init, Qwen2.5-1.5B shapes, 2 layers (327M parameters); the tiny tokenizer (its 28 ids are valid
-    # ids of the 151,936-row embedding; the rest decode to nothing)
+    # ids of the 151,936-row embedding; the rest decode to nothing). A random model gets no answer right, so every
+    # advantage is 0 and train.py would skip the forward and backward (see its step 4); beta > 0 makes it score
+    # every rollout for the KL term, and puts a reference model in the plan too.
     cfg = Qwen2Config(num_hidden_layers=2, pad_token_id=0, eos_token_id=0, bos_token_id=0, **QWEN15)
     torch.manual_seed(0)
     Qwen2ForCausalLM(cfg).save_pretrained(tmp_path / "model")
@@ -51,13 +53,13 @@ def test_one_rl_step_of_a_two_layer_qwen15b_shape_fits_its_plan(tmp_path):
     run_dir = tmp_path / "run"
     args = ["--method", "grpo", "--model", str(tmp_path / "model"), "--steps", "1", "--prompts-per-step", "2",
             "--group-size", "2", "--max-new-tokens", "16", "--micro-batch-size", "4", "--eval-limit", "2",
-            "--eval-every", "1000", "--run-dir", str(run_dir), "--threads", "2"]
+            "--eval-every", "1000", "--run-dir", str(run_dir), "--threads", "2", "--beta", "0.01"]
     r = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     step = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if "time_step" in line][0]
     prompt_len = max(len(tiny.prompt(q)) for q in tiny.eval_problems())  # one token per character
     plan = models.memory_plan(cfg, rollouts=4, gen_rollouts=4, prompt_len=prompt_len, max_new_tokens=16,
-                              micro_batch=4, bf16=False, grad_checkpointing=False, beta=0.0, ref_on_cpu=False)
+                              micro_batch=4, bf16=False, grad_checkpointing=False, beta=0.01, ref_on_cpu=False)
     planned = max(sum(items.values()) for items in plan.values()) / models.GiB
     measured = step["peak_memory_gib"]
     print(f"planned {planned:.2f} GiB, measured {measured:.2f} GiB")

@@ -93,6 +93,29 @@ def test_g5_micro_batches_add_up_to_the_full_batch(mode):
     assert torch.allclose(g_acc, g_full, atol=1e-6)
 
 
+@pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+def test_rollouts_with_zero_advantage_can_be_left_out_when_beta_is_0(mode):
+    # train.py scores only the rollouts with a non-zero advantage. Rows 1 and 3 have A = 0: leaving them out, with
+    # the whole batch's n_seqs = 4 and n_tokens = 2 + 3 + 4 + 1 = 10, must give the same loss, statistics and
+    # gradient. By hand (token-mean): rho = exp(0 - (-0.1)) = 1.1052 < 1 + 0.2, so nothing clips;
+    # d loss / d logp_{0,t} = -rho * A_0 / 10 = -0.11052 and d loss / d logp_{2,t} = -rho * (-0.5) / 10 = +0.05526.
+    logp = torch.zeros(4, 4, requires_grad=True)
+    old = torch.full((4, 4), -0.1)
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    adv = torch.tensor([[1.0], [0.0], [-0.5], [0.0]]) * mask  # [4, 4]
+    kw = dict(agg=mode, max_new_tokens=4, n_seqs=4, n_tokens=mask.sum())
+    full, st_full = grpo.policy_loss(logp, old, adv, mask, **kw)
+    g_full, = torch.autograd.grad(full, logp)
+    rows = torch.tensor([0, 2])
+    part, st_part = grpo.policy_loss(logp[rows], old[rows], adv[rows], mask[rows], **kw)
+    g_part, = torch.autograd.grad(part, logp)
+    assert part.item() == pytest.approx(full.item(), abs=1e-7) and st_part == pytest.approx(st_full, abs=1e-7)
+    assert torch.allclose(g_part, g_full) and g_full[[1, 3]].abs().sum() == 0
+    if mode == "token-mean":
+        assert g_full[0, :2].tolist() == pytest.approx([-0.11052] * 2, abs=1e-5)
+        assert g_full[2].tolist() == pytest.approx([0.05526] * 4, abs=1e-5)
+
+
 def test_policy_loss_at_rho_one_is_the_policy_gradient():
     # mu = 1: rho = 1 where the gradient is taken, so d loss / d logp_{i,t} = -A_i / (G |o_i|) (seq-mean-token-mean)
     # rows: |o_1| = 2, A_1 = 1 -> -1/(2*2) = -0.25 ; |o_2| = 1, A_2 = -1 -> +1/(2*1) = 0.5

@@ -1,6 +1,7 @@
 """sample.py: the sampler against model.generate, and its log-probs against the training forward."""
 import random
 
+import pytest
 import torch
 
 import sample
@@ -91,24 +92,49 @@ def test_concatenated_rounds_keep_their_logprobs(base):
 
 
 def test_chunked_logprobs_equal_the_full_vocabulary_forward_with_gradients(base):
-    # token_logprobs never builds [N, T, V] at once; its values, entropies and gradients must equal a plain
-    # log_softmax over the model's full logits
+    # token_logprobs never builds [N, T, V] at once; its values and gradients must equal a plain log_softmax over
+    # the model's full logits. The sampler's entropies must be those of the same distributions.
     model, tok = base
     torch.manual_seed(0)
-    out = sample.generate(model, prompts(tok, 4, seed=3), n=2, max_new_tokens=20, temperature=1.0,
+    out = sample.generate(model, prompts(tok, 4, seed=3), n=2, max_new_tokens=20, temperature=0.7,
                           eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     ids, attn, P = out["input_ids"], out["attention_mask"], out["prompt_len"]
     m = out["response_mask"].float()
     logits = model(input_ids=ids, attention_mask=attn, position_ids=sample.position_ids(attn)).logits[:, P - 1:-1]
     full = torch.log_softmax(logits / 0.7, -1)  # [N, T, V]
     ref = full.gather(-1, ids[:, P:, None]).squeeze(-1)
-    ref_entropy = -(full.exp() * full).sum(-1)
+    ref_entropy = -(full.exp() * full).sum(-1) * m
     (ref * m).sum().backward()
     ref_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    logp, entropy = sample.token_logprobs(model, ids, attn, P, 0.7, with_entropy=True, chunk_tokens=7)
+    logp = sample.token_logprobs(model, ids, attn, P, 0.7, chunk_tokens=7)
     (logp * m).sum().backward()
-    assert torch.allclose(logp, ref, atol=1e-5) and torch.allclose(entropy, ref_entropy, atol=1e-5)
+    assert torch.allclose(logp, ref, atol=1e-5) and torch.allclose(out["entropy"], ref_entropy.detach(), atol=1e-5)
     for p, g in zip(model.parameters(), ref_grads):
         assert torch.allclose(p.grad, g, atol=1e-5)
     model.zero_grad(set_to_none=True)
+
+
+def test_shared_prompts_give_the_same_logprobs_and_gradients(base):
+    # groups=: each prompt runs once and its cache is copied to its rollouts; rows come in any order and
+    # groups of any size, as train.py's length-sorted micro-batches give them
+    model, tok = base
+    torch.manual_seed(0)
+    out = sample.generate(model, prompts(tok, 4, seed=5), n=3, max_new_tokens=30, temperature=1.0,
+                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    rows = torch.tensor([7, 0, 2, 11, 4, 3, 9])  # groups 2, 0, 0, 3, 1, 1, 3
+    ids, attn, P = out["input_ids"][rows], out["attention_mask"][rows], out["prompt_len"]
+    m = out["response_mask"][rows].float()
+    grads = []
+    for groups in (None, rows // 3):
+        logp = sample.token_logprobs(model, ids, attn, P, groups=groups)
+        (logp * m).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        model.zero_grad(set_to_none=True)
+        if groups is None:
+            ref = logp.detach()
+    assert (logp - ref).mul(m).abs().max() < 1e-5
+    for g, g_ref in zip(grads[1], grads[0]):
+        assert torch.allclose(g, g_ref, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="different prompts"):
+        sample.token_logprobs(model, ids, attn, P, groups=torch.zeros(len(rows), dtype=torch.long))
