@@ -46,7 +46,6 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 DROP_SHARE = 0.25  # finished rows leave the decode batch once they are this share of it (measured: bench.py)
 
 
-@torch.no_grad()
 def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperature: float, eos_id: int,
              pad_id: int) -> dict:
     """Sample n completions for each prompt (token-id lists). temperature 0 means greedy.
@@ -59,44 +58,48 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)
-    cache = DynamicCache()
-    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), past_key_values=cache,
-                use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # [N, V]
-    cache.batch_repeat_interleave(n)  # one prefill per prompt, copied to its n rollouts
-    mask = mask.repeat_interleave(n, 0)  # [N, P]
-    pos = mask.sum(-1, keepdim=True)  # [N, 1] position of the first response token
-    N = mask.shape[0]
+    N = len(prompts) * n
     tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)  # [N, T]
     logprobs = torch.zeros((N, max_new_tokens), device=device)  # [N, T]
     entropy = torch.zeros((N, max_new_tokens), device=device)  # [N, T]
     lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)  # [N]
-    active = torch.arange(N, device=device)  # [A] rows in the decode batch
-    finished = torch.zeros(N, dtype=torch.bool, device=device)  # [A] rows of the batch that have emitted EOS
-    for t in range(max_new_tokens):
-        logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)  # [A, V]
-        p = logp.exp()  # [A, V]
-        nxt = torch.multinomial(p, 1).squeeze(1) if temperature > 0 else logp.argmax(-1)  # [A]
-        tokens[active, t] = nxt
-        logprobs[active, t] = logp.gather(1, nxt[:, None]).squeeze(1)
-        entropy[active, t] = torch.special.entr(p).sum(-1)  # -sum p log p (entr(0) = 0)
-        done = (nxt == eos_id) & ~finished  # [A] rows that end here
-        lengths[active[done]] = t + 1
-        finished |= done
-        if finished.all() or t == max_new_tokens - 1:
-            break
-        # Finished rows leave the batch (their cache rows too), but only once DROP_SHARE of it has finished:
-        # copying every layer's cache for each single row that ends would cost more than decoding a few rows
-        # for nothing. What a finished row decodes meanwhile lies past its length and is masked out below.
-        if finished.sum() >= DROP_SHARE * len(active):
-            keep = (~finished).nonzero().squeeze(1)  # [A']
-            cache.batch_select_indices(keep)
-            active, nxt, mask, pos, finished = active[keep], nxt[keep], mask[keep], pos[keep], finished[keep]
-        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)  # [A, P + t + 1]
-        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
-                    use_cache=True)
-        logits = out.logits[:, -1].float()  # [A, V]
-        pos = pos + 1
+    # inference_mode is no_grad without autograd's version and view bookkeeping on every op (5 % of the sampler's
+    # time on the tiny default). What it creates can never enter autograd, so it only writes into the buffers above,
+    # which the loss later uses.
+    with torch.inference_mode():
+        cache = DynamicCache()
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # [N, V]
+        cache.batch_repeat_interleave(n)  # one prefill per prompt, copied to its n rollouts
+        mask = mask.repeat_interleave(n, 0)  # [N, P]
+        pos = mask.sum(-1, keepdim=True)  # [N, 1] position of the first response token
+        active = torch.arange(N, device=device)  # [A] rows in the decode batch
+        finished = torch.zeros(N, dtype=torch.bool, device=device)  # [A] rows of the batch that have emitted EOS
+        for t in range(max_new_tokens):
+            logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)  # [A, V]
+            p = logp.exp()  # [A, V]
+            nxt = torch.multinomial(p, 1).squeeze(1) if temperature > 0 else logp.argmax(-1)  # [A]
+            tokens[active, t] = nxt
+            logprobs[active, t] = logp.gather(1, nxt[:, None]).squeeze(1)
+            entropy[active, t] = torch.special.entr(p).sum(-1)  # -sum p log p (entr(0) = 0)
+            done = (nxt == eos_id) & ~finished  # [A] rows that end here
+            lengths[active[done]] = t + 1
+            finished |= done
+            if finished.all() or t == max_new_tokens - 1:
+                break
+            # Finished rows leave the batch (their cache rows too), but only once DROP_SHARE of it has finished:
+            # copying every layer's cache for each single row that ends would cost more than decoding a few rows
+            # for nothing. What a finished row decodes meanwhile lies past its length and is masked out below.
+            if finished.sum() >= DROP_SHARE * len(active):
+                keep = (~finished).nonzero().squeeze(1)  # [A']
+                cache.batch_select_indices(keep)
+                active, nxt, mask, pos, finished = active[keep], nxt[keep], mask[keep], pos[keep], finished[keep]
+            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)  # [A, P + t + 1]
+            out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
+                        use_cache=True)
+            logits = out.logits[:, -1].float()  # [A, V]
+            pos = pos + 1
     model.train(was_training)
 
     T = int(lengths.max())
