@@ -5,7 +5,10 @@ generate(): batched autoregressive sampling with a KV cache.
     attention mask (cumsum - 1), never from the column index, so a padded prompt sees the positions it would
     see alone. token_logprobs() derives them the same way: otherwise the training forward scores the sampled
     tokens at other positions than they were sampled at, and the log-probs of pi_old and pi_theta disagree.
-  * Each prompt is prefilled once and its cache copied to its n rollouts (a group shares one prompt).
+  * Each prompt is prefilled once, by the model's own forward, and its cache copied to its n rollouts (a group
+    shares one prompt) into buffers with room for the response.
+  * Each new token goes through decode_step(): the model's modules called one after the other, writing one
+    column of the cache (Qwen2 and Llama layouts; other models get a clear error).
   * Rows that have emitted EOS leave the decode batch (in batches, once they are a quarter of it), so the
     batch shrinks while the longest rows finish instead of decoding padding to the end.
   * The log-prob of every sampled token is kept: these are log pi_old for the ratio of grpo.py G2. So is the
@@ -24,7 +27,8 @@ The response mask is built from where EOS was sampled, not from `ids != pad`: wi
 the tiny world) the latter would drop the real EOS from the loss, and the model would never learn to stop.
 """
 import torch
-from transformers import AttentionInterface, DynamicCache
+from transformers import DynamicCache
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 
 def left_pad(prompts: list, pad_id: int):
@@ -43,21 +47,46 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
 
 
-def decode_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    """Attention of a decode step (one new token per row) as two matmuls, in HF's attention-function signature.
+DECODABLE = ("Qwen2ForCausalLM", "LlamaForCausalLM")  # the layouts decode_step() writes out
 
-    query [B, H, 1, D], key and value [B, Hkv, L, D] (the cache), attention_mask [B, 1, 1, L] (True: attend).
-    Returns [B, 1, H, D]. Why not torch's SDPA: on a CPU its kernel takes about twice as long for one query row
-    (240 against 135 us per call at batch 128), which is 5-7 % of the sampler's time on the tiny default.
+
+def decode_step(model, tokens, pos, keys, values, col: int, bias):
+    """One new token for each row through a Qwen2 / Llama decoder, the KV cache held in preallocated buffers.
+
+    tokens [A], pos [A, 1] their positions, keys and values: per layer [A, Hkv, P + T, D] with columns < col
+    filled, bias [A, col + 1] (0 where a row attends, -inf where it does not). Writes this token's keys and
+    values at column col and returns the next-token logits [A, V].
+    It is model(...) written out with the model's own modules. HF's forward also builds a mask, grows its cache by
+    torch.cat (a copy of the whole cache per step) and passes through its wrappers at every step, which on the
+    tiny default costs more than the arithmetic (10-15 % of the sampler). The training forward stays HF's, and
+    tests check that the two agree token for token and log-prob for log-prob (tests/test_sample.py).
     """
-    B, H, _, D = query.shape
-    q = query.view(B, key.shape[1], H // key.shape[1], D)  # [B, Hkv, H/Hkv, D] the heads sharing a key/value head
-    scores = torch.matmul(q, key.transpose(-1, -2)).float() * scaling  # [B, Hkv, H/Hkv, L]
-    weights = scores.masked_fill(~attention_mask, float("-inf")).softmax(-1).to(value.dtype)  # [B, Hkv, H/Hkv, L]
-    return torch.matmul(weights, value).view(B, 1, H, D), None  # [B, 1, H, D]
+    decoder = model.get_decoder()
+    x = decoder.embed_tokens(tokens[:, None])  # [A, 1, H]
+    cos, sin = decoder.rotary_emb(x, pos)  # [A, 1, D] each
+    for layer, k_cache, v_cache in zip(decoder.layers, keys, values):
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)  # [A, 1, H]
+        q, k, v = (proj(h).view(len(x), -1, 1, attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)  # [A, heads, 1, D], [A, Hkv, 1, D]
+        k_cache[:, :, col], v_cache[:, :, col] = k[:, :, 0], v[:, :, 0]
+        x = x + attn.o_proj(decode_attention(q, k_cache[:, :, :col + 1], v_cache[:, :, :col + 1], bias,
+                                             attn.scaling))  # [A, 1, H]
+        x = x + layer.mlp(layer.post_attention_layernorm(x))  # [A, 1, H]
+    return model.get_output_embeddings()(decoder.norm(x))[:, -1].float()  # [A, V]
 
 
-AttentionInterface.register("decode", decode_attention)
+def decode_attention(q, k, v, bias, scaling: float):
+    """Attention of one query per row as two matmuls: q [A, H, 1, D], k and v [A, Hkv, L, D], bias [A, L] (0 where
+    a row attends, -inf where it does not).
+    Query heads h*H/Hkv .. (h+1)*H/Hkv - 1 share key/value head h (grouped-query attention). Returns [A, 1, H*D].
+    (torch's SDPA kernel takes about twice as long on a CPU for a single query row.)"""
+    A, H, _, D = q.shape
+    q = q.view(A, k.shape[1], H // k.shape[1], D)  # [A, Hkv, H/Hkv, D]
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scaling  # [A, Hkv, H/Hkv, L]
+    weights = (scores + bias[:, None, None, :]).softmax(-1).to(v.dtype)  # [A, Hkv, H/Hkv, L]
+    return torch.matmul(weights, v).view(A, 1, H * D)  # [A, 1, H*D]
+
 
 DROP_SHARE = 0.25  # finished rows leave the decode batch once they are this share of it (measured: bench.py)
 
@@ -69,12 +98,15 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
     The log-probs are those of the distribution the token was drawn from, softmax(logits / temperature)
     (softmax(logits) when greedy); token_logprobs() with the same temperature reproduces them.
     """
+    if type(model).__name__ not in DECODABLE or getattr(model.config, "use_sliding_window", False):
+        raise ValueError(f"sample.generate decodes {' and '.join(DECODABLE)} models without sliding-window "
+                         f"attention (Qwen2.5, Qwen2.5-Math, Llama); this model is a {type(model).__name__}")
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)
-    N = len(prompts) * n
+    N, P = len(prompts) * n, ids.shape[1]
     tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)  # [N, T]
     logprobs = torch.zeros((N, max_new_tokens), device=device)  # [N, T]
     entropy = torch.zeros((N, max_new_tokens), device=device)  # [N, T]
@@ -82,16 +114,22 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
     # inference_mode is no_grad without autograd's version and view bookkeeping on every op (5 % of the sampler's
     # time on the tiny default). What it creates can never enter autograd, so it only writes into the buffers above,
     # which the loss later uses.
-    attention = model.config._attn_implementation
     with torch.inference_mode():
-        cache = DynamicCache()
+        cache = DynamicCache()  # the prompts go through the model's own forward, once per prompt
         out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), past_key_values=cache,
                     use_cache=True, logits_to_keep=1)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # [N, V]
-        cache.batch_repeat_interleave(n)  # one prefill per prompt, copied to its n rollouts
-        mask = mask.repeat_interleave(n, 0).bool()  # [N, P]
-        pos = mask.sum(-1, keepdim=True)  # [N, 1] position of the first response token
-        model.set_attn_implementation("decode")  # the prompts ran with the model's own attention; see decode_attention
+        # Each prompt's cache, copied to its n rollouts, in buffers with room for the response: a decode step
+        # writes one column instead of copying the cache. The columns a row has not reached are never read.
+        keys, values = [], []
+        for layer in cache.layers:
+            for kv, out_list in ((layer.keys, keys), (layer.values, values)):
+                buf = kv.new_empty((N, kv.shape[1], P + max_new_tokens, kv.shape[3]))  # [N, Hkv, P + T, D]
+                buf[:, :, :P] = kv.repeat_interleave(n, 0)
+                out_list.append(buf)
+        pos = mask.sum(-1, keepdim=True).repeat_interleave(n, 0)  # [N, 1] position of the first response token
+        bias = torch.zeros((N, P + max_new_tokens), device=device)  # [N, P + T] added to the attention scores
+        bias[:, :P].masked_fill_(mask.repeat_interleave(n, 0) == 0, float("-inf"))  # the prompts' left padding
         active = torch.arange(N, device=device)  # [A] rows in the decode batch
         finished = torch.zeros(N, dtype=torch.bool, device=device)  # [A] rows of the batch that have emitted EOS
         for t in range(max_new_tokens):
@@ -111,14 +149,10 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
             # for nothing. What a finished row decodes meanwhile lies past its length and is masked out below.
             if finished.sum() >= DROP_SHARE * len(active):
                 keep = (~finished).nonzero().squeeze(1)  # [A']
-                cache.batch_select_indices(keep)
-                active, nxt, mask, pos, finished = active[keep], nxt[keep], mask[keep], pos[keep], finished[keep]
-            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)  # [A, P + t + 1]
-            out = model(input_ids=nxt[:, None], attention_mask=mask[:, None, None, :], position_ids=pos,
-                        past_key_values=cache, use_cache=True)  # a 4D mask goes to the attention as it is
-            logits = out.logits[:, -1].float()  # [A, V]
+                keys, values = [k[keep] for k in keys], [v[keep] for v in values]
+                active, nxt, bias, pos, finished = active[keep], nxt[keep], bias[keep], pos[keep], finished[keep]
+            logits = decode_step(model, nxt, pos, keys, values, P + t, bias[:, :P + t + 1])  # [A, V]
             pos = pos + 1
-    model.set_attn_implementation(attention)
     model.train(was_training)
 
     T = int(lengths.max())

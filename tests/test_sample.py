@@ -138,3 +138,10 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients(base):
         assert torch.allclose(g, g_ref, atol=1e-4, rtol=1e-4)
     with pytest.raises(ValueError, match="different prompts"):
         sample.token_logprobs(model, ids, attn, P, groups=torch.zeros(len(rows), dtype=torch.long))
+
+
+def test_unsupported_layouts_get_a_clear_error():
+    from transformers import GPT2Config, GPT2LMHeadModel
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+        sample.generate(model, [[1, 2]], max_new_tokens=2, temperature=0.0, eos_id=0, pad_id=0)
