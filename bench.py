@@ -1,6 +1,7 @@
 """Benchmarks that print numbers (targets are checked here, not in timed tests).
 
-    python bench.py            # KTAE's cost, and seconds per RL step of grpo, ktae, oar-g and oar-p
+    python bench.py            # the sampler against model.generate, KTAE on a Qwen-sized group, and the
+                               # seconds per RL step of grpo, ktae, oar-g and oar-p (about 3 minutes)
     python bench.py --steps    # only the RL steps
 
 Medians of several runs after a warm-up, on whatever machine runs it (the README quotes a 2-core CPU).
@@ -16,9 +17,7 @@ import time
 
 import torch
 
-import grpo
 import ktae
-import reward
 import sample
 import tiny
 
@@ -48,47 +47,7 @@ def bench_ktae_qwen_group():
           f"(target <= 100 ms)")
 
 
-def bench_ktae_share_of_tiny_step():
-    """KTAE's time against a whole RL step (sample + reward + advantage + loss + optimizer step) on the tiny
-    default: 16 prompts x 8 rollouts, 48 new tokens, temperature 1."""
-    model, tok, _ = tiny.load_or_build()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    qs = tiny.train_problems(random.Random(0), 16, set(tiny.eval_problems()))
-    prompts = [tok(tiny.prompt(q))["input_ids"] for q in qs]
-    golds = [tiny.answer(q) for q in qs for _ in range(8)]
-    state = {}
-
-    def step():
-        b = sample.generate(model, prompts, n=8, max_new_tokens=48, temperature=1.0, eos_id=tok.eos_token_id,
-                            pad_id=tok.pad_token_id)
-        P, mask = b["prompt_len"], b["response_mask"]
-        texts = tok.batch_decode(b["input_ids"][:, P:], skip_special_tokens=True)
-        r = torch.tensor([reward.reward(t, g) for t, g in zip(texts, golds)]).view(16, 8)
-        state["batch"], state["rewards"] = b, r
-        t0 = time.perf_counter()
-        values, _ = ktae.token_values(b["input_ids"][:, P:], mask, r, special_ids=(tok.eos_token_id,))
-        state["ktae"] = time.perf_counter() - t0
-        adv = ktae.token_advantages(grpo.group_advantages(r).view(-1), values, mask)
-        model.train()
-        logp = sample.token_logprobs(model, b["input_ids"], b["attention_mask"], P)
-        loss, _ = grpo.policy_loss(logp, b["logprobs"], adv, mask)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-
-    step_times, ktae_times = [], []
-    for i in range(12):
-        t0 = time.perf_counter()
-        step()
-        if i >= 2:
-            step_times.append(time.perf_counter() - t0)
-            ktae_times.append(state["ktae"])
-    s, k = statistics.median(step_times), statistics.median(ktae_times)
-    print(f"tiny default RL step (ktae): {s * 1000:.0f} ms, of which KTAE {k * 1000:.1f} ms = {100 * k / s:.2f} % "
-          f"(target <= 2 %)")
-
-
-def bench_sampler(repeat=7):
+def bench_sampler(repeat=11):
     """Useful tokens per second (response tokens up to and including EOS) of `model.generate` and of our sampler
     on the tiny default: 16 prompts x 8 rollouts, at most 48 new tokens, temperature 1.0 (top-k off, so both draw
     from the full softmax). generate() runs every row until the longest ends; ours drops finished rows."""
@@ -113,33 +72,55 @@ def bench_sampler(repeat=7):
                             pad_id=tok.pad_token_id)
         useful["ours"] = int(b["response_mask"].sum())
 
-    t_hf, t_ours = median_time(hf, repeat), median_time(ours, repeat)
-    hf_tps, ours_tps = useful["hf"] / t_hf, useful["ours"] / t_ours
-    print(f"model.generate: {hf_tps:,.0f} useful tokens/s ({t_hf * 1000:.0f} ms for {useful['hf']} tokens)")
-    print(f"our sampler:    {ours_tps:,.0f} useful tokens/s ({t_ours * 1000:.0f} ms for {useful['ours']} tokens)")
+    for _ in range(2):  # warm-up
+        hf(), ours()
+    tps = {"hf": [], "ours": []}
+    seconds = {"hf": [], "ours": []}
+    for _ in range(repeat):  # interleaved, so that a machine slowing down or speeding up affects both alike
+        for name, fn in (("hf", hf), ("ours", ours)):
+            t0 = time.perf_counter()
+            fn()
+            seconds[name].append(time.perf_counter() - t0)
+            tps[name].append(useful[name] / seconds[name][-1])
+    hf_tps, ours_tps = statistics.median(tps["hf"]), statistics.median(tps["ours"])
+    print(f"model.generate: {hf_tps:,.0f} useful tokens/s (median of {repeat}; "
+          f"{statistics.median(seconds['hf']) * 1000:.0f} ms for about {useful['hf']} tokens)")
+    print(f"our sampler:    {ours_tps:,.0f} useful tokens/s (median of {repeat}; "
+          f"{statistics.median(seconds['ours']) * 1000:.0f} ms for about {useful['ours']} tokens)")
     print(f"ratio: {ours_tps / hf_tps:.2f}x (target >= 1.5x)")
     return ours_tps / hf_tps
 
 
-def bench_rl_steps(methods=("grpo", "ktae", "oar-g", "oar-p"), steps=14, warmup=4):
+def bench_rl_steps(methods=("grpo", "ktae", "oar-g", "oar-p"), steps=14, warmup=4, rounds=2):
     """Seconds per RL step (sample + reward + advantage + loss + optimizer step) of each method, as train.py runs
     it on the tiny default: the same seed, so the same problems and, until the updates part them, the same
-    rollouts. Each method runs in its own process (`python train.py --steps 14`); the median over the steps
-    after a warm-up is read from its metrics.jsonl (time_step; time_oar is OAR's scoring inside it)."""
-    rows = {}
-    for m in methods:
+    rollouts. Each method runs in its own process (`python train.py --steps 14`), the methods taking turns for
+    `rounds` rounds (a machine whose speed drifts then affects them alike); the median over the steps after a
+    warm-up is read from the metrics.jsonl files: time_step and its parts, time_advantage being KTAE's K1-K7 or OAR's
+    scoring."""
+    def run(method, n_steps):
         with tempfile.TemporaryDirectory() as d:
-            subprocess.run([sys.executable, "train.py", "--method", m, "--steps", str(steps), "--eval-every", "1000",
-                            "--save-every", "1000", "--run-dir", d], check=True, capture_output=True,
+            subprocess.run([sys.executable, "train.py", "--method", method, "--steps", str(n_steps), "--eval-every",
+                            "1000", "--save-every", "1000", "--run-dir", d], check=True, capture_output=True,
                            cwd=os.path.dirname(os.path.abspath(__file__)))
-            lines = [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl")) if '"time_step"' in l][warmup:]
-        rows[m] = {k: statistics.median(r[k] for r in lines) for k in ("time_step", "time_sample", "time_train",
-                                                                       "time_oar")}
+            return [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl")) if '"time_step"' in l][warmup:]
+
+    run(methods[0], warmup + 2)  # thrown away: the first process after an idle spell ran 20-30 % slower here
+    lines = {m: [] for m in methods}
+    for _ in range(rounds):
+        for m in methods:
+            lines[m] += run(m, steps)
+    rows = {m: {k: statistics.median(r[k] for r in lines[m])
+                for k in ("time_step", "time_sample", "time_advantage", "time_train")} for m in methods}
     base = rows[methods[0]]["time_step"]
-    print(f"{'method':8s} {'s/step':>8s} {'x ' + methods[0]:>8s} {'sample':>8s} {'train':>8s} {'oar':>8s}")
+    print(f"{'method':8s} {'s/step':>8s} {'x ' + methods[0]:>8s} {'sample':>8s} {'advantage':>10s} {'train':>8s}")
     for m, r in rows.items():
         print(f"{m:8s} {r['time_step']:8.3f} {r['time_step'] / base:8.2f} {r['time_sample']:8.3f} "
-              f"{r['time_train']:8.3f} {r['time_oar']:8.3f}")
+              f"{r['time_advantage']:10.4f} {r['time_train']:8.3f}")
+    if "ktae" in rows:
+        k = rows["ktae"]
+        print(f"KTAE's share of its step: {k['time_advantage'] * 1000:.1f} ms of {k['time_step'] * 1000:.0f} ms = "
+              f"{100 * k['time_advantage'] / k['time_step']:.2f} % (target <= 2 %)")
     return rows
 
 
@@ -148,5 +129,4 @@ if __name__ == "__main__":
     if "--steps" not in sys.argv:
         bench_sampler()
         bench_ktae_qwen_group()
-        bench_ktae_share_of_tiny_step()
     bench_rl_steps()

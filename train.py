@@ -341,21 +341,21 @@ def main(argv=None):
             mask = dapo.overlong_filter(mask, batch["truncated"])  # [N, T]
 
         # ---- 3. advantage: G1, one value per rollout, broadcast to its tokens; KTAE adds K7 per token ------
+        t0 = time.time()
         adv_seq = grpo.group_advantages(rewards, scale_std=not args.no_std_scale).view(-1).to(args.device)  # [N]
-        token_values, t_oar = None, 0.0
+        token_values = None
         if args.method.endswith("ktae"):
             token_values, _ = ktae.token_values(
                 ids[:, P:], mask, rewards, special_ids=(tokenizer.pad_token_id, tokenizer.eos_token_id),
                 alpha=args.ktae_alpha, beta=args.ktae_beta, top=args.ktae_top, use_tf=not args.ktae_no_tf)  # [N, T]
             adv = ktae.token_advantages(adv_seq, token_values, mask)  # [N, T]
         elif args.method.startswith("oar"):
-            t_oar = time.time()
             with amp():
                 token_values = oar_weights(args, model, tokenizer, batch, qs, adv_seq, piece_cache)  # [N, T]
             adv = oar.token_advantages(adv_seq, token_values, mask)  # [N, T]
-            t_oar = time.time() - t_oar
         else:
             adv = adv_seq[:, None] * mask  # [N, T]
+        t_advantage = time.time() - t0
 
         ref_logp = None
         if ref_model is not None:  # G4's reference, micro-batched like the training forward
@@ -429,7 +429,7 @@ def main(argv=None):
             "time_train": t_train,
             "time_step": t_step,  # sample + reward + advantage + loss + optimizer step
             "peak_memory_gib": models.peak_memory_bytes(args.device, rss_at_start) / models.GiB,
-            "time_oar": t_oar,
+            "time_advantage": t_advantage,  # G1, and KTAE's K1-K7 or OAR's scoring (O1-O5)
             **stats_sum,
             **grpo.advantage_concentration(adv, mask, adv_seq),  # O7: ESS-ratio, top-10 % mass
         }

@@ -82,6 +82,6 @@ def test_token_level_methods_write_heat_maps_and_concentrate_the_advantage(base,
     assert "Q:" in page and page.count('class="r"') == 8  # the question, one line per rollout of the group (G = 8)
     assert "rgba(0,160,0," in page and "rgba(220,0,0," in page  # green and red tokens
     if method.startswith("oar"):  # coloured by weight: above 1 green, below 1 red; the answer and EOS keep 1
-        assert "OAR weights" in page and 'title="+1.000"' in page and all(s["time_oar"] > 0 for s in steps)
+        assert "OAR weights" in page and 'title="+1.000"' in page and all(s["time_advantage"] > 0 for s in steps)
     else:
         assert "key-token values" in page
