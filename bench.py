@@ -3,6 +3,8 @@
     python bench.py            # the sampler against model.generate, KTAE on a Qwen-sized group, and the
                                # seconds per RL step of grpo, ktae, oar-g and oar-p (about 3 minutes)
     python bench.py --steps    # only the RL steps
+    python bench.py --trl      # also TRL's GRPOTrainer on the same model and setting (needs `pip install trl`;
+                               # measured with trl 1.16.0, in a separate virtual environment)
 
 Medians of several runs after a warm-up, on whatever machine runs it (the README quotes a 2-core CPU).
 """
@@ -124,9 +126,54 @@ def bench_rl_steps(methods=("grpo", "ktae", "oar-g", "oar-p"), steps=14, warmup=
     return rows
 
 
+def bench_trl(steps=14, warmup=4):
+    """Seconds per step of TRL's GRPOTrainer on the tiny default, at the setting of bench_rl_steps: 16 prompts x 8
+    completions (one optimizer step per 128), at most 48 new tokens, temperature 1 with top-k and top-p off,
+    beta 0, the same reward (reward.is_correct) and learning rate. TRL's defaults otherwise, but gradient
+    checkpointing off, as ours is (TRL turns it on; then a step took 0.62 s against 0.58 s here). Timed from step
+    begin to step end by a callback."""
+    try:
+        from datasets import Dataset
+        from transformers import TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as e:
+        sys.exit(f"--trl: {e}; `pip install trl` (measured with trl 1.16.0), best in a separate virtual environment")
+    import reward
+    model, tok, _ = tiny.load_or_build()
+    qs = tiny.train_problems(random.Random(0), 16 * steps, set(tiny.eval_problems()))
+    data = Dataset.from_list([{"prompt": tiny.prompt(q), "answer": tiny.answer(q)} for q in qs])
+
+    def correct(prompts, completions, answer, **kwargs):
+        return [float(reward.is_correct(c, a) is True) for c, a in zip(completions, answer)]
+
+    times = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            times.append(time.perf_counter() - self.t0)
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = GRPOConfig(output_dir=d, per_device_train_batch_size=128, gradient_accumulation_steps=1,
+                         num_generations=8, max_completion_length=48, temperature=1.0, top_k=0, top_p=1.0,
+                         learning_rate=5e-5, beta=0.0, num_iterations=1, max_steps=steps, use_cpu=True, bf16=False,
+                         gradient_checkpointing=False, report_to="none", save_strategy="no", logging_steps=1000,
+                         disable_tqdm=True, seed=0)
+        GRPOTrainer(model=model, processing_class=tok, reward_funcs=correct, args=cfg, train_dataset=data,
+                    callbacks=[Timer()]).train()
+    t = statistics.median(times[warmup:])
+    print(f"TRL GRPOTrainer: {t:.3f} s per step (median of steps {warmup + 1}-{steps})")
+    return t
+
+
 if __name__ == "__main__":
     torch.manual_seed(0)
     if "--steps" not in sys.argv:
         bench_sampler()
         bench_ktae_qwen_group()
-    bench_rl_steps()
+    rows = bench_rl_steps()
+    if "--trl" in sys.argv:
+        t = bench_trl()
+        print(f"our grpo step / TRL's: {rows['grpo']['time_step'] / t:.2f}")
