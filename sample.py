@@ -88,7 +88,7 @@ def decode_attention(q, k, v, bias, scaling: float):
     return torch.matmul(weights, v).view(A, 1, H * D)  # [A, 1, H*D]
 
 
-DROP_SHARE = 0.25  # finished rows leave the decode batch once they are this share of it (measured: bench.py)
+DROP_SHARE = 0.25  # finished rows leave the decode batch once they are this share of it (0.05-0.5 time alike)
 
 
 def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperature: float, eos_id: int,
