@@ -58,7 +58,7 @@ def decode_step(model, tokens, pos, keys, values, col: int, bias):
     values at column col and returns the next-token logits [A, V].
     It is model(...) written out with the model's own modules. HF's forward also builds a mask, grows its cache by
     torch.cat (a copy of the whole cache per step) and passes through its wrappers at every step, which on the
-    tiny default costs more than the arithmetic (10-15 % of the sampler). The training forward stays HF's, and
+    tiny default costs more than the arithmetic (about 10 % of the sampler). The training forward stays HF's, and
     tests check that the two agree token for token and log-prob for log-prob (tests/test_sample.py).
     """
     decoder = model.get_decoder()
@@ -111,7 +111,7 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
     logprobs = torch.zeros((N, max_new_tokens), device=device)  # [N, T]
     entropy = torch.zeros((N, max_new_tokens), device=device)  # [N, T]
     lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)  # [N]
-    # inference_mode is no_grad without autograd's version and view bookkeeping on every op (5 % of the sampler's
+    # inference_mode is no_grad without autograd's version and view bookkeeping on every op (5-10 % of the sampler's
     # time on the tiny default). What it creates can never enter autograd, so it only writes into the buffers above,
     # which the loss later uses.
     with torch.inference_mode():
@@ -198,9 +198,9 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
                          use_cache=False).last_hidden_state  # [N, P + T, H]
         h = hidden[:, P - 1:-1]  # [N, T, H]
     else:
-        _, row_group = torch.unique(groups, return_inverse=True)  # [N] which prompt each row has
-        first = torch.empty_like(row_group[:row_group.max() + 1]).scatter_(
-            0, row_group, torch.arange(len(groups), device=groups.device))  # [U] one row of each group
+        uniq, row_group = torch.unique(groups, return_inverse=True)  # [U], [N] which prompt each row has
+        first = torch.zeros(len(uniq), dtype=torch.long, device=groups.device).scatter_(
+            0, row_group, torch.arange(len(groups), device=groups.device))  # [U] a row of each group (any one)
         if not torch.equal(input_ids[first][row_group, :P], input_ids[:, :P]):
             raise ValueError("token_logprobs: rows of the same group have different prompts")
         cache = DynamicCache()
