@@ -48,18 +48,23 @@ def reasoning_length(pieces: list, marker: str = "\\boxed{") -> int:
 
 
 def build_inputs(prompts: list, responses: list, lengths: list, cue: list, answers: list, pad_id: int):
-    """Token-id sequences prefix + reasoning + cue + answer (answer = the gold's ids and the closing "}"),
-    left-padded. Returns ids, attention mask, reasoning mask [n, L] (1 on the R reasoning tokens) and probe
-    mask [n, L] (1 on the positions whose logits predict the answer tokens)."""
-    seqs = [p + r[:R] + cue + a for p, r, R, a in zip(prompts, responses, lengths, answers)]
-    ids, attn = sample.left_pad(seqs, pad_id)  # [n, L], [n, L]
+    """Token-id sequences prompt + reasoning + cue + answer (answer = the gold's ids and the closing "}"). The
+    prompts are left-padded to a common width P and so are the rest: pad pad prompt | pad reasoning cue answer.
+    The prompts then sit in the same columns, so that rows sharing one can share its cache, and the probe
+    positions are the last columns. Position ids count real tokens only (sample.position_ids), so the pads in
+    the middle change nothing. Returns ids, attention mask, reasoning mask [n, P + S] (1 on the R reasoning
+    tokens), probe mask [n, P + S] (1 on the positions whose logits predict the answer tokens), and P."""
+    P = max(len(p) for p in prompts)
+    pre, pre_attn = sample.left_pad(prompts, pad_id)  # [n, P], [n, P]
+    post, post_attn = sample.left_pad([r[:R] + cue + a for r, R, a in zip(responses, lengths, answers)], pad_id)
+    ids, attn = torch.cat([pre, post], 1), torch.cat([pre_attn, post_attn], 1)  # [n, P + S], [n, P + S]
     L = ids.shape[1]
     reason, probe = torch.zeros_like(attn), torch.zeros_like(attn)  # [n, L], [n, L]
-    for i, (p, R, a) in enumerate(zip(prompts, lengths, answers)):
-        start = L - len(seqs[i]) + len(p)
+    for i, (R, a) in enumerate(zip(lengths, answers)):
+        start = L - R - len(cue) - len(a)
         reason[i, start:start + R] = 1
         probe[i, L - len(a) - 1:L - 1] = 1  # logits at column j predict the token at column j + 1
-    return ids, attn, reason, probe
+    return ids, attn, reason, probe, P
 
 
 def outcome_probe(logits: torch.Tensor, probe_mask: torch.Tensor, mode: str) -> torch.Tensor:
@@ -90,51 +95,82 @@ def _probe_columns(probe: torch.Tensor) -> int:
     return int((probe.shape[1] - probe.float().argmax(1)).max())
 
 
-def _probe_logits(model, ids=None, attn=None, embeds=None, keep: int = 1):
+def _probe_logits(model, attn, ids=None, embeds=None, keep: int = 1, prefix=None):
     """Logits of the last `keep` columns (the probe positions lie there): a [n, L, 151936] float32 tensor for
-    the whole sequence is never made."""
-    out = model(input_ids=ids, inputs_embeds=embeds, attention_mask=attn, position_ids=sample.position_ids(attn),
-                use_cache=False, logits_to_keep=keep)
+    the whole sequence is never made. prefix = (kv, rows): the prompts' cache from sample.prompt_prefill and the
+    prompt of each row; ids / embeds then hold only the columns after the prompt. attn covers all columns."""
+    S = (ids if ids is not None else embeds).shape[1]
+    pos = sample.position_ids(attn)[:, -S:]  # [n, S]
+    cache = None if prefix is None else sample.cache_for(*prefix)
+    out = model(input_ids=ids, inputs_embeds=embeds, attention_mask=attn, position_ids=pos, past_key_values=cache,
+                use_cache=cache is not None, logits_to_keep=keep)
     return out.logits  # [n, keep, V]
 
 
+def _prompts_once(model, ids, attn, prompt_len: int, groups):
+    """(P, prefix) for _probe_logits: with groups [n] (rows sharing a prompt, which fills the first prompt_len
+    columns) each prompt runs once, without gradients, and the forwards cover only the columns after it. Nothing
+    the scores depend on flows into a prompt (the perturbations and the noise are on the reasoning after it, and
+    attention is causal), so the scores are those of the plain forward (tested). Without groups: (0, None)."""
+    if groups is None:
+        return 0, None
+    with torch.no_grad():
+        kv, _, rows = sample.prompt_prefill(model.get_decoder(), ids, attn, prompt_len, groups)
+    return prompt_len, (kv, rows)
+
+
 @torch.no_grad()
-def perturbation_scores(model, ids, attn, reason, probe, pad_id: int, mode: str = "last", chunk: int = 256):
+def perturbation_scores(model, ids, attn, reason, probe, pad_id: int, mode: str = "last", chunk: int = 256,
+                        prompt_len: int = 0, groups=None):
     """O2 (OAR-P). I_t = KL(P_final || P_final^(t)), where P_final^(t) is the probe with reasoning token t
     replaced by the pad id (same length). One forward per reasoning token, `chunk` sequences at a time (the
     authors' listing put all R copies in one batch); eval mode, no grad. Returns I [n, L], 0 off the reasoning.
+    groups [n] (optional): rows sharing a prompt run it once (_prompts_once).
 
-    The prefix before t is unchanged, so its KV cache could be reused; on the tiny world the prefix is a dozen
-    tokens and the plain forward is the readable choice.
+    The reasoning before t is unchanged too, so its cache could be reused as well; on the tiny world that is a
+    dozen tokens, and one forward over everything after the prompt is the readable choice.
     """
     keep = _probe_columns(probe)
-    logp = outcome_probe(_probe_logits(model, ids, attn, keep=keep), probe[:, -keep:], mode)  # [n, V]
+    P, prefix = _prompts_once(model, ids, attn, prompt_len, groups)
+    kv, prompt_of = prefix or (None, None)
+    logp = outcome_probe(_probe_logits(model, attn, ids[:, P:], keep=keep, prefix=prefix), probe[:, -keep:], mode)
     rows, cols = reason.nonzero(as_tuple=True)  # [M], [M] one perturbed copy per reasoning token
     scores = torch.zeros(reason.shape, device=ids.device)  # [n, L]
     for s in range(0, len(rows), chunk):
         r, c = rows[s:s + chunk], cols[s:s + chunk]
-        perturbed = ids[r].clone()  # [m, L]
-        perturbed[torch.arange(len(r)), c] = pad_id
-        logq = outcome_probe(_probe_logits(model, perturbed, attn[r], keep=keep), probe[r, -keep:], mode)  # [m, V]
-        scores[r, c] = kl(logp[r], logq)
+        perturbed = ids[r, P:].clone()  # [m, L - P]
+        perturbed[torch.arange(len(r)), c - P] = pad_id
+        copy_prefix = None if prefix is None else (kv, prompt_of[r])
+        logits = _probe_logits(model, attn[r], perturbed, keep=keep, prefix=copy_prefix)  # [m, keep, V]
+        scores[r, c] = kl(logp[r], outcome_probe(logits, probe[r, -keep:], mode))
     return scores
 
 
-def gradient_scores(model, ids, attn, reason, probe, mode: str = "answer_mean", sigma: float = 1e-3):
+def gradient_scores(model, ids, attn, reason, probe, mode: str = "answer_mean", sigma: float = 1e-3,
+                    prompt_len: int = 0, groups=None):
     """O3 (OAR-G). e = input embeddings; p0 = P_final(e) detached; J = KL(p0 || P_final(e + eps)) with
     eps ~ N(0, sigma^2) on the reasoning positions only (at the clean input J and its gradient are exactly 0);
     g = dJ/de by one torch.autograd.grad to the embeddings alone, so no parameter's .grad is touched (the
-    authors' listing called J.backward()); I_t = |<g_t, e_t>| (gradient times input). Returns I [n, L]."""
+    authors' listing called J.backward()); I_t = |<g_t, e_t>| (gradient times input). Returns I [n, L].
+    groups [n] (optional): rows sharing a prompt run it once (_prompts_once), and the two forwards and the
+    backward cover only what follows it. The noise is drawn token by token over the reasoning, so a seed gives
+    the same noise either way."""
     keep = _probe_columns(probe)
-    e = model.get_input_embeddings()(ids).detach()  # [n, L, H]
+    P, prefix = _prompts_once(model, ids, attn, prompt_len, groups)
+    e = model.get_input_embeddings()(ids[:, P:]).detach()  # [n, S, H]
     with torch.no_grad():
-        logp0 = outcome_probe(_probe_logits(model, attn=attn, embeds=e, keep=keep), probe[:, -keep:], mode)  # [n, V]
-    noisy = (e + sigma * torch.randn_like(e) * reason[..., None]).requires_grad_(True)  # [n, L, H]
+        logp0 = outcome_probe(_probe_logits(model, attn, embeds=e, keep=keep, prefix=prefix), probe[:, -keep:], mode)
+    m = reason[:, P:].bool()  # [n, S]
+    eps = torch.zeros_like(e)  # [n, S, H]
+    eps[m] = sigma * torch.randn((int(m.sum()), e.shape[-1]), device=e.device, dtype=e.dtype)
+    noisy = (e + eps).requires_grad_(True)  # [n, S, H]
     with torch.enable_grad():
-        logq = outcome_probe(_probe_logits(model, attn=attn, embeds=noisy, keep=keep), probe[:, -keep:], mode)
+        logq = outcome_probe(_probe_logits(model, attn, embeds=noisy, keep=keep, prefix=prefix), probe[:, -keep:], mode)
         J = kl(logp0, logq).sum()  # rows are independent: the sum's gradient is each row's own
-        (g,) = torch.autograd.grad(J, noisy)  # [n, L, H]
-    return (g * e).sum(-1).abs() * reason  # [n, L]
+        (g,) = torch.autograd.grad(J, noisy)  # [n, S, H]
+    scores = torch.zeros(reason.shape, device=e.device, dtype=g.dtype)  # [n, L]
+    scores[:, P:] = (g * e).sum(-1).abs() * m
+    return scores
 
 
 def normalise(scores: torch.Tensor, reason: torch.Tensor) -> torch.Tensor:
@@ -197,10 +233,13 @@ def token_weights(model, prompts: list, responses: list, pieces: list, answers: 
     if not todo:
         return weights
     lengths = {i: reasoning_length(pieces[i]) for i in todo}
-    # Rollouts of similar length share a forward (less padding), `chunk` at a time. OAR-G needs gradients for the
-    # embeddings only: the parameters stop requiring them meanwhile, so their .grad cannot be touched and the
-    # backward skips the weight gradients it would otherwise compute and throw away.
-    todo.sort(key=lambda i: len(prompts[i]) + lengths[i] + len(answers[i]))
+    # Rollouts of similar length after the prompt share a forward (less padding), `chunk` at a time; those with the
+    # same prompt run it once (groups). OAR-G needs gradients for the embeddings only: the parameters stop requiring
+    # them meanwhile, so their .grad cannot be touched and the backward skips the weight gradients it would
+    # otherwise compute and throw away.
+    todo.sort(key=lambda i: lengths[i] + len(answers[i]))
+    prompt_id = {}
+    groups = {i: prompt_id.setdefault(tuple(prompts[i]), len(prompt_id)) for i in todo}
     dev, was_training = adv_seq.device, model.training
     needs_grad = [p.requires_grad for p in model.parameters()]
     model.eval()
@@ -208,13 +247,15 @@ def token_weights(model, prompts: list, responses: list, pieces: list, answers: 
     try:
         for s in range(0, len(todo), chunk):
             part = todo[s:s + chunk]
-            ids, attn, reason, probe_mask = (x.to(dev) for x in build_inputs(
+            ids, attn, reason, probe_mask, P = build_inputs(
                 [prompts[i] for i in part], [responses[i] for i in part], [lengths[i] for i in part], cue,
-                [answers[i] for i in part], pad_id))  # [n, L] each
+                [answers[i] for i in part], pad_id)  # [n, L] each
+            ids, attn, reason, probe_mask = ids.to(dev), attn.to(dev), reason.to(dev), probe_mask.to(dev)
+            g = torch.tensor([groups[i] for i in part], device=dev)  # [n]
             if scorer == "perturb":
-                scores = perturbation_scores(model, ids, attn, reason, probe_mask, pad_id, probe, chunk)  # [n, L]
+                scores = perturbation_scores(model, ids, attn, reason, probe_mask, pad_id, probe, chunk, P, g)  # [n, L]
             else:
-                scores = gradient_scores(model, ids, attn, reason, probe_mask, probe, sigma)  # [n, L]
+                scores = gradient_scores(model, ids, attn, reason, probe_mask, probe, sigma, P, g)  # [n, L]
             wt = reshape(normalise(scores, reason), reason, q, beta)  # [n, L]
             for j, i in enumerate(part):  # the reasoning tokens are the first R of each response
                 weights[i, :lengths[i]] = wt[j][reason[j].bool()]

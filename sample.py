@@ -198,17 +198,9 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
                          use_cache=False).last_hidden_state  # [N, P + T, H]
         h = hidden[:, P - 1:-1]  # [N, T, H]
     else:
-        uniq, row_group = torch.unique(groups, return_inverse=True)  # [U], [N] which prompt each row has
-        first = torch.zeros(len(uniq), dtype=torch.long, device=groups.device).scatter_(
-            0, row_group, torch.arange(len(groups), device=groups.device))  # [U] a row of each group (any one)
-        if not torch.equal(input_ids[first][row_group, :P], input_ids[:, :P]):
-            raise ValueError("token_logprobs: rows of the same group have different prompts")
-        cache = DynamicCache()
-        prompt = decoder(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
-                         position_ids=pos[first, :P], past_key_values=cache, use_cache=True).last_hidden_state  # [U, P, H]
-        cache.batch_select_indices(row_group)  # each row gets its prompt's keys and values (a differentiable gather)
+        kv, prompt, row_group = prompt_prefill(decoder, input_ids, attention_mask, P, groups)  # prompt [U, P, H]
         response = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=pos[:, P:],
-                           past_key_values=cache, use_cache=True).last_hidden_state  # [N, T, H]
+                           past_key_values=cache_for(kv, row_group), use_cache=True).last_hidden_state  # [N, T, H]
         h = torch.cat([prompt[row_group, -1:], response[:, :-1]], dim=1)  # [N, T, H]
     N, T = h.shape[:2]
     h, targets = h.reshape(N * T, -1), input_ids[:, prompt_len:].reshape(N * T)  # [N*T, H], [N*T]
@@ -221,6 +213,31 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
         else:
             logp.append(_chunk_logprobs(*args))
     return torch.cat(logp).view(N, T)  # [N, T]
+
+
+def prompt_prefill(decoder, input_ids, attention_mask, prompt_len: int, groups: torch.Tensor):
+    """The forward of each distinct prompt, once. Rows with the same value in groups [N] share their first
+    prompt_len columns (a GRPO group). Returns kv, a (keys, values) pair [U, Hkv, P, D] per layer for the U
+    distinct prompts, their hidden states [U, P, H] and row_group [N], which of them each row has. A prompt
+    token's activations never depend on the tokens after it (causal attention), so every row gets exactly what
+    its own forward would give. decoder: the model without its output layer (model.get_decoder())."""
+    P = prompt_len
+    uniq, row_group = torch.unique(groups, return_inverse=True)  # [U], [N] which prompt each row has
+    first = torch.zeros(len(uniq), dtype=torch.long, device=groups.device).scatter_(
+        0, row_group, torch.arange(len(groups), device=groups.device))  # [U] a row of each group (any one)
+    if not torch.equal(input_ids[first][row_group, :P], input_ids[:, :P]):
+        raise ValueError("prompt_prefill: rows of the same group have different prompts")
+    cache = DynamicCache()
+    hidden = decoder(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
+                     position_ids=position_ids(attention_mask[first, :P]), past_key_values=cache,
+                     use_cache=True).last_hidden_state  # [U, P, H]
+    return [(layer.keys, layer.values) for layer in cache.layers], hidden, row_group
+
+
+def cache_for(kv, rows: torch.Tensor) -> DynamicCache:
+    """A cache holding, for each of the rows [n], the prompt kv[rows] (a gather: gradients flow back through
+    it), for a forward over the columns after the prompt. Each forward appends to its cache: make one per use."""
+    return DynamicCache(ddp_cache_data=[(k[rows], v[rows]) for k, v in kv])
 
 
 def _chunk_logprobs(head, h, targets, temperature):

@@ -99,7 +99,7 @@ class KeyTokenModel(torch.nn.Module):
 def test_oar_p_ranks_the_deciding_token_first():
     model = KeyTokenModel()
     prompt, reasoning, cue, answer = [1, 2], [4, 6, 5, 7, 2], [1], [3, 0]
-    ids, attn, reason, probe = oar.build_inputs([prompt], [reasoning], [5], cue, [answer], pad_id=0)
+    ids, attn, reason, probe, _ = oar.build_inputs([prompt], [reasoning], [5], cue, [answer], pad_id=0)
     assert ids[0].tolist() == prompt + reasoning + cue + answer and reason[0].tolist() == [0, 0, 1, 1, 1, 1, 1, 0, 0, 0]
     assert probe[0].tolist() == [0] * 7 + [1, 1, 0]  # columns 7, 8 predict the answer tokens at 8, 9
     for mode in ("last", "answer_mean"):
@@ -113,7 +113,7 @@ def test_oar_p_ranks_the_deciding_token_first():
 def test_probe_kl_is_zero_when_nothing_is_perturbed(base):
     model, tok = base
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
-    ids, attn, reason, probe = oar.build_inputs([enc(tiny.prompt("3+4"))], [enc("3+4=7\n")], [6], enc("\\boxed{"),
+    ids, attn, reason, probe, _ = oar.build_inputs([enc(tiny.prompt("3+4"))], [enc("3+4=7\n")], [6], enc("\\boxed{"),
                                                 [enc("7}")], tok.pad_token_id)
     model.eval()
     with torch.no_grad():
@@ -134,7 +134,7 @@ def test_oar_on_the_tiny_world_marks_the_last_line(base):
     # "=" and the result carry almost all of OAR-P's score, and one of them tops OAR-G's.
     model, tok = base
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
-    ids, attn, reason, probe = oar.build_inputs([enc(tiny.prompt("7+8-9"))], [enc("7+8=15\n15-9=6\n")], [14],
+    ids, attn, reason, probe, _ = oar.build_inputs([enc(tiny.prompt("7+8-9"))], [enc("7+8=15\n15-9=6\n")], [14],
                                                 enc("\\boxed{"), [enc("6}")], tok.pad_token_id)
     p = oar.perturbation_scores(model, ids, attn, reason, probe, tok.pad_token_id, "last")[reason.bool()]
     assert set(p.topk(2).indices.tolist()) == {11, 12}  # "=" and "6" of "15-9=6"
@@ -177,3 +177,31 @@ def test_zero_advantage_rollouts_are_not_scored():
                           scorer="perturb", probe="last", q=0.25, beta=1.0, sigma=1e-3, chunk=8)
     assert torch.equal(w, torch.ones(1, 3))
 
+
+
+def test_shared_prompts_give_the_plain_scores(base):
+    # Rows 0, 2 and 3 share one prompt, row 1 has another (shorter: it is padded on the left). With groups each
+    # prompt runs once and the forwards cover the columns after it; the scores must be those of the plain forward
+    # over every column. OAR-G's noise is drawn token by token over the reasoning, so one seed gives both the same.
+    model, tok = base
+    model.eval()
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
+    prompts = [enc(tiny.prompt(q)) for q in ("7+8-9", "3+4", "7+8-9", "7+8-9")]
+    responses = [enc(r) for r in ("7+8=15\n15-9=6\n", "3+4=7\n", "7+8=16\n", "7+8=15\n15-9=7\n")]
+    lengths = [len(r) for r in responses]
+    answers = [enc("6}"), enc("7}"), enc("6}"), enc("6}")]
+    ids, attn, reason, probe, P = oar.build_inputs(prompts, responses, lengths, enc("\\boxed{"), answers,
+                                                   tok.pad_token_id)
+    assert P == len(prompts[0]) > len(prompts[1]) and attn[1, :P].sum() == len(prompts[1])
+    groups = torch.tensor([0, 1, 0, 0])
+    plain = oar.perturbation_scores(model, ids, attn, reason, probe, tok.pad_token_id, "last", chunk=16)
+    shared = oar.perturbation_scores(model, ids, attn, reason, probe, tok.pad_token_id, "last", chunk=16,
+                                     prompt_len=P, groups=groups)
+    # (float sums in another order: the smallest KLs, 1e-6 of the largest, move by up to 1 %)
+    assert plain.max() > 0 and torch.allclose(shared, plain, rtol=1e-2, atol=1e-5 * plain.max().item())
+    torch.manual_seed(0)
+    plain = oar.gradient_scores(model, ids, attn, reason, probe)
+    torch.manual_seed(0)
+    shared = oar.gradient_scores(model, ids, attn, reason, probe, prompt_len=P, groups=groups)
+    assert plain.max() > 0 and torch.allclose(shared, plain, rtol=1e-2, atol=1e-5 * plain.max().item())
+    assert torch.equal(shared != 0, reason.bool() & (plain != 0))
