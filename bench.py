@@ -123,6 +123,12 @@ def bench_rl_steps(methods=("grpo", "ktae", "oar-g", "oar-p"), steps=14, warmup=
         k = rows["ktae"]
         print(f"KTAE's share of its step: {k['time_advantage'] * 1000:.1f} ms of {k['time_step'] * 1000:.0f} ms = "
               f"{100 * k['time_advantage'] / k['time_step']:.2f} % (target <= 2 %)")
+    for m, target in (("oar-g", 1.3), ("oar-p", 5.0)):
+        if m in rows:
+            r = rows[m]
+            print(f"{m}: {r['time_step'] / base:.2f}x {methods[0]}'s step (target <= {target}x); its scoring takes "
+                  f"{r['time_advantage']:.3f} s, {r['time_advantage'] / rows[methods[0]]['time_train']:.2f}x "
+                  f"{methods[0]}'s training pass")
     return rows
 
 
