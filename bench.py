@@ -97,9 +97,9 @@ def bench_rl_steps(methods=("grpo", "ktae", "oar-g", "oar-p"), steps=14, warmup=
     """Seconds per RL step (sample + reward + advantage + loss + optimizer step) of each method, as train.py runs
     it on the tiny default: the same seed, so the same problems and, until the updates part them, the same
     rollouts. Each method runs in its own process (`python train.py --steps 14`), the methods taking turns for
-    `rounds` rounds (a machine whose speed drifts then affects them alike); the median over the steps after a
-    warm-up is read from the metrics.jsonl files: time_step and its parts, time_advantage being KTAE's K1-K7 or OAR's
-    scoring."""
+    `rounds` rounds, every other one in reverse order (a machine whose speed drifts then affects them alike); the
+    median over the steps after a warm-up is read from the metrics.jsonl files: time_step and its parts,
+    time_advantage being KTAE's K1-K7 or OAR's scoring."""
     def run(method, n_steps):
         with tempfile.TemporaryDirectory() as d:
             subprocess.run([sys.executable, "train.py", "--method", method, "--steps", str(n_steps), "--eval-every",
@@ -109,8 +109,8 @@ def bench_rl_steps(methods=("grpo", "ktae", "oar-g", "oar-p"), steps=14, warmup=
 
     run(methods[0], warmup + 2)  # thrown away: the first process after an idle spell ran 20-30 % slower here
     lines = {m: [] for m in methods}
-    for _ in range(rounds):
-        for m in methods:
+    for r in range(rounds):  # every other round in reverse: the first run of a round tended to be the slowest
+        for m in (methods if r % 2 == 0 else methods[::-1]):
             lines[m] += run(m, steps)
     rows = {m: {k: statistics.median(r[k] for r in lines[m])
                 for k in ("time_step", "time_sample", "time_advantage", "time_train")} for m in methods}

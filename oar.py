@@ -98,12 +98,13 @@ def _probe_columns(probe: torch.Tensor) -> int:
 def _probe_logits(model, attn, ids=None, embeds=None, keep: int = 1, prefix=None):
     """Logits of the last `keep` columns (the probe positions lie there): a [n, L, 151936] float32 tensor for
     the whole sequence is never made. prefix = (kv, rows): the prompts' cache from sample.prompt_prefill and the
-    prompt of each row; ids / embeds then hold only the columns after the prompt. attn covers all columns."""
-    S = (ids if ids is not None else embeds).shape[1]
-    pos = sample.position_ids(attn)[:, -S:]  # [n, S]
-    cache = None if prefix is None else sample.cache_for(*prefix)
-    out = model(input_ids=ids, inputs_embeds=embeds, attention_mask=attn, position_ids=pos, past_key_values=cache,
-                use_cache=cache is not None, logits_to_keep=keep)
+    prompt of each row; ids / embeds then hold only the columns after the prompt, and sample.logits_after_prompt
+    runs them (its last layer only for the `keep` columns). Without: the model's own forward. attn: all columns."""
+    if prefix is not None:
+        embeds = model.get_input_embeddings()(ids) if embeds is None else embeds  # [n, S, H]
+        return sample.logits_after_prompt(model, embeds, attn, *prefix, keep)  # [n, keep, V]
+    out = model(input_ids=ids, inputs_embeds=embeds, attention_mask=attn, position_ids=sample.position_ids(attn),
+                use_cache=False, logits_to_keep=keep)
     return out.logits  # [n, keep, V]
 
 

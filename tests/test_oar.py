@@ -205,3 +205,7 @@ def test_shared_prompts_give_the_plain_scores(base):
     shared = oar.gradient_scores(model, ids, attn, reason, probe, prompt_len=P, groups=groups)
     assert plain.max() > 0 and torch.allclose(shared, plain, rtol=1e-2, atol=1e-5 * plain.max().item())
     assert torch.equal(shared != 0, reason.bool() & (plain != 0))
+    # what a GPU run with --bf16 does (CPU autocast here): the written-out forward takes mixed dtypes
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = oar.gradient_scores(model, ids, attn, reason, probe, prompt_len=P, groups=groups)
+    assert half.isfinite().all() and (half[reason.bool()] > 0).all()
