@@ -145,3 +145,6 @@ def test_unsupported_layouts_get_a_clear_error():
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10))
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
         sample.generate(model, [[1, 2]], max_new_tokens=2, temperature=0.0, eos_id=0, pad_id=0)
+    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+        sample.logits_after_prompt(model, torch.zeros(1, 2, 8), torch.ones(1, 3, dtype=torch.long), [], torch.zeros(
+            1, dtype=torch.long), keep=1)
