@@ -1,4 +1,5 @@
-"""The one sampler (train.py and evaluate.py both use it) and the scoring forward that must agree with it.
+"""The one sampler (train.py and evaluate.py both use it) and the scoring forward that must agree with it, plus
+the forward OAR's scores run after a prompt shared by a group (prompt_prefill, logits_after_prompt).
 
 generate(): batched autoregressive sampling with a KV cache.
   * Prompts are left-padded, so every row's next token sits in the last column. Position ids come from the
