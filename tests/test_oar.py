@@ -178,7 +178,6 @@ def test_zero_advantage_rollouts_are_not_scored():
     assert torch.equal(w, torch.ones(1, 3))
 
 
-
 def test_shared_prompts_give_the_plain_scores(base):
     # Rows 0, 2 and 3 share one prompt, row 1 has another (shorter: it is padded on the left). With groups each
     # prompt runs once and the forwards cover the columns after it; the scores must be those of the plain forward
@@ -197,7 +196,7 @@ def test_shared_prompts_give_the_plain_scores(base):
     plain = oar.perturbation_scores(model, ids, attn, reason, probe, tok.pad_token_id, "last", chunk=16)
     shared = oar.perturbation_scores(model, ids, attn, reason, probe, tok.pad_token_id, "last", chunk=16,
                                      prompt_len=P, groups=groups)
-    # (float sums in another order: the smallest KLs, 1e-6 of the largest, move by up to 1 %)
+    # (float sums in another order: the smallest KLs, under 1e-6 of the largest, moved by up to 1 % here)
     assert plain.max() > 0 and torch.allclose(shared, plain, rtol=1e-2, atol=1e-5 * plain.max().item())
     torch.manual_seed(0)
     plain = oar.gradient_scores(model, ids, attn, reason, probe)
