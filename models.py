@@ -11,24 +11,59 @@ import torch
 import tiny
 
 
+def is_hub_name(name: str) -> bool:
+    """'Qwen/Qwen2.5-Math-1.5B' or 'gpt2': not a path, and not an existing directory."""
+    return (not name.startswith((".", "/", "~")) and name.count("/") <= 1
+            and not os.path.isdir(os.path.expanduser(name)))
+
+
+def check_path(name: str, flag: str = "--model"):
+    """Before anything heavy: a local model directory must hold a config, weights and a tokenizer. One line
+    naming what is missing (a hub name is checked when it loads)."""
+    if name == "tiny" or is_hub_name(name):
+        return
+    path = os.path.expanduser(name)
+    if not os.path.isdir(path):
+        sys.exit(f"{flag} {name}: no such directory")
+    files = os.listdir(path)
+    if "config.json" not in files:
+        sys.exit(f"{flag} {name}: no config.json in this directory (is it a Hugging Face model directory?)")
+    if not any(f.endswith((".safetensors", ".bin", ".pt", ".pth")) for f in files):
+        sys.exit(f"{flag} {name}: no weights (*.safetensors or *.bin) in this directory")
+    if not any(f.startswith(("tokenizer", "vocab")) for f in files):
+        sys.exit(f"{flag} {name}: no tokenizer (tokenizer.json or tokenizer_config.json) in this directory")
+
+
+def load_config(name: str, flag: str = "--model"):
+    """The model's config alone (for --dry-run): the tiny model's, a directory's config.json, or the hub's."""
+    from transformers import AutoConfig
+    if name == "tiny":
+        return tiny.build_model(tiny.build_tokenizer()).config
+    check_path(name, flag)
+    try:
+        return AutoConfig.from_pretrained(os.path.expanduser(name))
+    except (OSError, ValueError) as e:
+        sys.exit(f"{flag} {name}: not a local directory, and its config could not be loaded from the hub "
+                 f"(offline machine?): {str(e).splitlines()[0]}")
+
+
 def load_model(name: str, flag: str = "--model"):
     """(model, tokenizer, name). The model is float32 (train.py's --bf16 is autocast). The tokenizer pads on the
     left (the sampler's layout) and has a pad token (its EOS when the model has none, as for Qwen2.5 base)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     if name == "tiny":
         return tiny.load_or_build()
+    check_path(name, flag)
     path = os.path.expanduser(name)
-    hub_like = not name.startswith((".", "/", "~")) and name.count("/") <= 1  # "Qwen/Qwen2.5-Math-1.5B"
-    if not os.path.isdir(path) and not hub_like:
-        sys.exit(f"{flag} {name}: no such directory")
     try:
         tok = AutoTokenizer.from_pretrained(path, padding_side="left")
         # float32 whatever the checkpoint holds: transformers 5 otherwise keeps the stored dtype (bf16 for
         # Qwen2.5), and at lr 1e-6 an AdamW update is below a bf16 weight's precision: nothing would train.
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except OSError as e:
-        sys.exit(f"{flag} {name}: not a local directory, and it could not be loaded from the hub "
-                 f"(offline machine?): {str(e).splitlines()[0]}")
+        where = "a local directory that could not be loaded" if os.path.isdir(path) else \
+            "not a local directory, and it could not be loaded from the hub (offline machine?)"
+        sys.exit(f"{flag} {name}: {where}: {str(e).splitlines()[0]}")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok, name
@@ -116,7 +151,11 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
 
 def dry_run(cfg, args, gpu_bytes: int):
     """--dry-run: the plan for these settings, and if it does not fit, what each memory flag would bring it to."""
-    prompt_len = 16 if args.dataset == "tiny" else 512
+    positions = getattr(cfg, "max_position_embeddings", None) or 1 << 30
+    if args.max_new_tokens >= positions:
+        sys.exit(f"--max-new-tokens {args.max_new_tokens}: the model has {positions} positions in all")
+    # prompts as planned: the tiny world's are 16 tokens; others 512, or what the positions leave them
+    prompt_len = 16 if args.dataset == "tiny" else min(512, positions - args.max_new_tokens)
     settings = dict(rollouts=args.prompts_per_step * args.group_size,
                     gen_rollouts=(args.gen_batch_size or args.prompts_per_step) * args.group_size,
                     prompt_len=prompt_len, max_new_tokens=args.max_new_tokens, micro_batch=args.micro_batch_size,

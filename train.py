@@ -8,16 +8,16 @@ RUN_DIR/metrics.jsonl; checkpoints go to RUN_DIR/checkpoint (an HF model directo
 and RNG states), and --resume continues from there.
 """
 import argparse
-import json
+import math
 import os
 import random
-import shutil
 import sys
 import time
 
 import torch
 from tqdm import tqdm
 
+import checkpoint
 import dapo
 import data
 import evaluate
@@ -42,12 +42,15 @@ GRPO = {"eps_high": None, "agg": "seq-mean-token-mean", "dynamic_sampling": Fals
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--method", choices=METHODS, default="grpo")
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--method", choices=METHODS, default="grpo",
+                   help="grpo, dapo (its preset below), ktae = GRPO + KTAE, dapo+ktae, oar-p / oar-g = GRPO + OAR")
     p.add_argument("--model", default="tiny", help="'tiny' (built here), a local HF model directory, or a hub name")
     p.add_argument("--run-dir", default=None, help="default: runs/METHOD-seedSEED")
-    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint (same method and task)")
+    p.add_argument("--overwrite", action="store_true", help="start over in a RUN_DIR that holds another run, deleting it")
+    p.add_argument("--seed", type=int, default=0, help="fixes the problems drawn, the sampling and the initial RNG")
     # the task
     p.add_argument("--dataset", default="tiny",
                    help="training problems: tiny (generated), gsm8k, math500, a .jsonl file, or a hub name")
@@ -55,28 +58,28 @@ def parse_args(argv=None):
     p.add_argument("--eval-limit", type=int, default=256, help="first N held-out problems")
     p.add_argument("--data-dir", default=data.DATA_DIR, help="where the benchmark files are (else: the hub)")
     # sampling
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps", type=int, default=400, help="RL steps (each: one batch of rollouts, --mu updates)")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="stop after this much training wall time (then evaluate and save): compare methods at equal time")
-    p.add_argument("--prompts-per-step", type=int, default=16)
+    p.add_argument("--prompts-per-step", type=int, default=16, help="B, prompts per step")
     p.add_argument("--group-size", type=int, default=8, help="G, rollouts per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=48, help="response length limit; longer ones are truncated")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (also applied in the loss)")
     p.add_argument("--problem-pool", type=int, default=0,
                    help="tiny: train on a fixed pool of this many problems (0: fresh problems every step)")
     p.add_argument("--gen-batch-size", type=int, default=0,
                    help="prompts per generate call (0: all B at once); fewer prompts, smaller KV cache")
     p.add_argument("--eval-batch-size", type=int, default=256, help="prompts per generate call when evaluating")
     # optimisation
-    p.add_argument("--lr", type=float, default=5e-5)
-    p.add_argument("--warmup-steps", type=int, default=10)
-    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=5e-5, help="AdamW learning rate (the tiny model; 1e-6 for 1.5B)")
+    p.add_argument("--warmup-steps", type=int, default=10, help="linear learning-rate warm-up, then constant")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient's global norm to this")
     p.add_argument("--mu", type=int, default=1, help="optimizer updates per batch of rollouts (G3: the clip binds when > 1)")
     p.add_argument("--micro-batch-size", type=int, default=64, help="rollouts per training forward (accumulated)")
     # the objective
     p.add_argument("--beta", type=float, default=0.0, help="G4 KL weight; 0 loads no reference model")
     p.add_argument("--ref-on-cpu", action="store_true", help="keep the reference model on the CPU between uses")
-    p.add_argument("--eps-low", type=float, default=0.2)
+    p.add_argument("--eps-low", type=float, default=0.2, help="G3 clip: rho >= 1 - eps_low where A < 0")
     p.add_argument("--eps-high", type=float, default=None, help="D1 clip-higher (dapo: 0.28; default eps-low)")
     p.add_argument("--agg", default=None, choices=["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"],
                    help="G5 (grpo: seq-mean-token-mean; dapo: token-mean, D3)")
@@ -113,10 +116,10 @@ def parse_args(argv=None):
     p.add_argument("--oar-cue", default=None, help="the conclude cue appended after the reasoning (the tiny world: "
                                                     "its own '\\boxed{'; other models: the paper note's sentence)")
     # evaluation and saving
-    p.add_argument("--eval-every", type=int, default=50)
-    p.add_argument("--save-every", type=int, default=50)
+    p.add_argument("--eval-every", type=int, default=50, help="greedy held-out evaluation every N steps (and at the end)")
+    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
     # hardware
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--bf16", action="store_true",
                    help="bf16 autocast for sampling, scoring and the training forward (GPU); the weights, gradients "
                         "and AdamW states stay float32, since a 1e-6 update is below a bf16 weight's precision")
@@ -138,21 +141,77 @@ def parse_args(argv=None):
     if args.oar_cue is None:
         args.oar_cue = "\\boxed{" if args.model == "tiny" else "\nTherefore, the final answer is \\boxed{"
     args.run_dir = args.run_dir or os.path.join("runs", f"{args.method}-seed{args.seed}")
+    check_args(p, args)
     return args
 
 
-def save_checkpoint(run_dir, model, tokenizer, optimizer, scheduler, step, problem_rng, args, extra):
-    """RUN_DIR/checkpoint = an HF model directory + state.pt (optimizer, scheduler, RNG states, and `extra`: the
-    D2 surplus). Written beside and swapped in, so a run killed while saving keeps the previous checkpoint."""
-    final, tmp = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, "checkpoint.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    torch.save({"step": step, "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
-                "problem_rng": problem_rng.getstate(), "args": vars(args), **extra}, os.path.join(tmp, "state.pt"))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+
+def check_args(p, args):
+    """Every flag checked before anything heavy runs: a bad value is one argparse error naming the flag, not a
+    traceback after the model load or a run that silently does nothing."""
+    at_least = {"steps": 1, "prompts_per_step": 1, "max_new_tokens": 1, "micro_batch_size": 1, "mu": 1,
+                "eval_every": 1, "save_every": 1, "eval_limit": 1, "eval_batch_size": 1, "max_sampling_rounds": 1,
+                "gen_batch_size": 0, "problem_pool": 0, "warmup_steps": 0, "threads": 1, "oar_chunk": 1}
+    for name, low in at_least.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            p.error(f"--{name.replace('_', '-')} {value}: must be at least {low}")
+    if args.group_size < 2:  # G1 divides by the group's standard deviation, which needs two rollouts
+        p.error(f"--group-size {args.group_size}: must be at least 2 (G1 compares rollouts within a group)")
+    positive = {"lr": args.lr, "temperature": args.temperature, "grad_clip": args.grad_clip,
+                "oar_sigma": args.oar_sigma, "ktae_top": args.ktae_top, "gpu_memory": args.gpu_memory}
+    for name, value in positive.items():
+        if not value > 0:  # also catches nan
+            p.error(f"--{name.replace('_', '-')} {value}: must be greater than 0")
+    for name in ("beta", "ktae_alpha", "ktae_beta", "oar_beta"):
+        if not getattr(args, name) >= 0:
+            p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 0")
+    if not 0 < args.eps_low < 1 or (args.eps_high is not None and not args.eps_high > 0):
+        p.error(f"--eps-low {args.eps_low} / --eps-high {args.eps_high}: need 0 < eps-low < 1 and eps-high > 0")
+    if not 0 < args.oar_q < 1:
+        p.error(f"--oar-q {args.oar_q}: O5's quantile level must lie strictly between 0 and 1")
+    if args.method.endswith("ktae") and args.ktae_alpha == 0 and args.ktae_beta == 0:
+        p.error("--ktae-alpha 0 --ktae-beta 0: every key-token value (K6) would be 0, which is plain GRPO; "
+                "use --method grpo, or keep one of the two")
+    if args.overlong_buffer not in (None, "1/6") and not 0 <= args.overlong_buffer < args.max_new_tokens:
+        p.error(f"--overlong-buffer {args.overlong_buffer}: must be at least 0 and below --max-new-tokens "
+                f"{args.max_new_tokens}")
+    if args.max_minutes is not None and not args.max_minutes >= 0:
+        p.error(f"--max-minutes {args.max_minutes}: must be at least 0")
+    if args.resume and args.overwrite:
+        p.error("--resume and --overwrite: choose one (continue the run, or delete it and start over)")
+
+
+def save_checkpoint(args, model, tokenizer, optimizer, scheduler, step, problem_rng, extra):
+    """RUN_DIR/checkpoint (checkpoint.save): the HF model directory and state.pt: optimizer, scheduler, RNG states
+    and `extra` (D2's surplus), everything --resume needs to continue bit for bit."""
+    checkpoint.save(args.run_dir, model, tokenizer, {
+        "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        "torch_rng": torch.get_rng_state(), "problem_rng": problem_rng.getstate(), "args": vars(args), **extra})
+
+
+# A run that has stopped learning says so in the log: over the last DEGENERATE_WINDOW steps every sampled answer was
+# wrong (or every one right), so every group agrees and G1's advantage is 0; or most rollouts hit the length limit.
+DEGENERATE_WINDOW, TRUNCATION_WARNING = 20, 0.5
+
+
+def degenerate(records: list) -> dict:
+    """{kind: warning} about the last DEGENERATE_WINDOW step records (none before there are that many)."""
+    last = records[-DEGENERATE_WINDOW:]
+    if len(last) < DEGENERATE_WINDOW:
+        return {}
+    n, warnings = len(last), {}
+    if all(r["accuracy"] == 0 for r in last):
+        warnings["all wrong"] = (f"every sampled answer was wrong in the last {n} steps: all advantages are 0 and nothing is "
+                                 f"learned (a task too hard for the model, or a prompt or grader that fails?)")
+    if all(r["accuracy"] == 1 for r in last):
+        warnings["all right"] = (f"every sampled answer was right in the last {n} steps: all advantages are 0 and nothing "
+                                 f"is left to learn on these problems")
+    truncated = sum(r["truncated"] for r in last) / n
+    if truncated > TRUNCATION_WARNING:
+        warnings["truncated"] = (f"{truncated:.0%} of the rollouts of the last {n} steps hit --max-new-tokens (an EOS "
+                                 f"that is never sampled cannot be learned back: see --overlong-buffer, D4)")
+    return warnings
 
 
 def write_heatmap(args, step, tokenizer, qs, resp, mask, rewards, values):
@@ -200,24 +259,24 @@ def oar_weights(args, model, tokenizer, batch, qs, adv_seq, piece_cache):
 def main(argv=None):
     args = parse_args(argv)
     if args.dry_run:
-        from transformers import AutoConfig
-        cfg = (tiny.build_model(tiny.build_tokenizer()).config if args.model == "tiny"
-               else AutoConfig.from_pretrained(args.model))
+        cfg = models.load_config(args.model)
         gpu = (torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available()
                else int(args.gpu_memory * models.GiB))
         return models.dry_run(cfg, args, gpu)
+    # what can fail without loading anything fails now, in one line, and leaves no run directory behind
+    models.check_path(args.model)
+    checkpoint.check(args.run_dir, args, args.resume, args.overwrite)
+    ckpt = checkpoint.find(args.run_dir) if args.resume else None
     rss_at_start = models.rss_bytes()
     if args.threads:
         torch.set_num_threads(args.threads)
-    os.makedirs(args.run_dir, exist_ok=True)
     torch.manual_seed(args.seed)
     problem_rng = random.Random(args.seed)
-    ckpt = os.path.join(args.run_dir, "checkpoint")
-    if args.resume and not os.path.isdir(ckpt):
-        sys.exit(f"--resume: no checkpoint in {ckpt}")
 
     # ---- the policy, its optimizer, and (only if beta > 0) a frozen reference -----------------------------
-    model, tokenizer, model_path = models.load_model(ckpt if args.resume else args.model)
+    model, tokenizer, model_path = models.load_model(ckpt or args.model)
+    if ckpt:
+        checkpoint.check_finite(model, ckpt)
     model.to(args.device)
     if args.grad_checkpointing:
         model.activation_checkpointing_enable()
@@ -228,21 +287,14 @@ def main(argv=None):
         ref_model.to("cpu" if args.ref_on_cpu else args.device, dtype=torch.bfloat16 if args.bf16 else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(args.warmup_steps, 1)))
-    start = 0
-    metrics_path = os.path.join(args.run_dir, "metrics.jsonl")
-    if args.resume:
-        state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False, map_location="cpu")
+    start, state = 0, {}
+    if ckpt:
+        state = checkpoint.load_state(ckpt)
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         problem_rng.setstate(state["problem_rng"])
         scheduler.load_state_dict(state["scheduler"])
         start = state["step"]
-        # drop the lines logged after the checkpoint: they are about to be recomputed
-        lines = [l for l in open(metrics_path) if json.loads(l).get("step", 0) <= start] if os.path.exists(metrics_path) else []
-        open(metrics_path, "w").writelines(lines)
-        print(f"resumed from {ckpt} at step {start}")
-    elif os.path.exists(metrics_path):
-        os.remove(metrics_path)
 
     # ---- the task: problems with their prompts and gold answers; held-out problems never appear in training -----
     eval_problems, skipped = data.load(args.eval_dataset, "test", args.data_dir, args.eval_limit)
@@ -266,9 +318,14 @@ def main(argv=None):
     eval_prompts, eval_golds = [p["prompt"] for p in eval_problems], [p["answer"] for p in eval_problems]
     amp = lambda: torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16, enabled=args.bf16)  # noqa: E731
 
-    def log(record):
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+    # ---- the run directory: ours from here on (locked); on resume the metrics after the checkpoint go ------------
+    lock = checkpoint.claim(args.run_dir, args, args.resume, args.overwrite)  # held while this run writes
+    metrics_path = os.path.join(args.run_dir, "metrics.jsonl")
+    if ckpt:  # the lines logged after the checkpoint are about to be recomputed
+        kept = checkpoint.read_metrics(metrics_path, up_to_step=start)
+        checkpoint.rewrite_metrics(metrics_path, kept)
+        print(f"resumed from {ckpt} at step {start}")
+    log = lambda record: checkpoint.append_metrics(metrics_path, record)  # noqa: E731
 
     def run_eval(step):
         with amp():
@@ -280,17 +337,34 @@ def main(argv=None):
 
     if start == 0:
         first_acc = run_eval(0)
-    else:
-        first_acc = next(json.loads(l)["eval_accuracy"] for l in open(metrics_path) if "eval_accuracy" in l)
-    print(f"greedy held-out accuracy before: {first_acc:.3f} ({len(eval_problems)} problems)")
+    else:  # None if the step-0 evaluation's line is gone
+        first_acc = next((r["eval_accuracy"] for r in kept if r.get("step") == 0 and "eval_accuracy" in r), None)
+    print(f"greedy held-out accuracy before: {_fmt(first_acc)} ({len(eval_problems)} problems)")
 
     B, G = args.prompts_per_step, args.group_size
     piece_cache = {}  # token id -> its decoded text, for OAR's spans
     # D2 with --keep-surplus: mixed groups sampled beyond the last batch (saved with the checkpoint)
-    surplus_qs, surplus = (state.get("surplus_qs", []), state.get("surplus", [])) if args.resume else ([], [])
+    surplus_qs, surplus = state.get("surplus_qs", []), state.get("surplus", [])
     surplus = [{k: v.to(args.device) if torch.is_tensor(v) else v for k, v in b.items()} for b in surplus]
-    bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=args.method)
+    history, warned = [r for r in (kept if ckpt else []) if "accuracy" in r], set()  # step records, for degenerate()
     t_start = time.time()
+
+    def finish_step(done: int, heatmap=None) -> bool:
+        """7. evaluate and 8. save when due, and at the end or when out of time. True when the run should stop."""
+        out_of_time = args.max_minutes is not None and time.time() - t_start > 60 * args.max_minutes
+        last_step = done == args.steps or out_of_time
+        if done % args.eval_every == 0 or last_step:
+            tqdm.write(f"step {done}: greedy held-out accuracy {run_eval(done):.3f}")
+            if heatmap is not None:
+                heatmap(done)
+        if done % args.save_every == 0 or last_step:
+            save_checkpoint(args, model, tokenizer, optimizer, scheduler, done, problem_rng,
+                            {"surplus_qs": surplus_qs, "surplus": surplus})
+        if out_of_time:
+            tqdm.write(f"--max-minutes {args.max_minutes} reached after {done} steps")
+        return out_of_time
+
+    bar = tqdm(range(start, args.steps), initial=start, total=args.steps, desc=args.method)
     for step in bar:
         # ---- 1. sample B prompts x G rollouts, keeping log pi_old of every sampled token ------------------
         # With D2 (dynamic sampling) rounds of B prompts are drawn until B groups mix right and wrong answers.
@@ -320,8 +394,12 @@ def main(argv=None):
         if len(kept_qs) < B and args.short_batch == "stop":
             sys.exit(f"D2 dynamic sampling: only {len(kept_qs)} of {B} groups mixed right and wrong answers after "
                      f"{rounds} rounds (--max-sampling-rounds); --short-batch train continues with what was kept")
-        if not kept_qs:
+        if not kept_qs:  # D2 found nothing to learn from: no update, but the step's duties still run
             tqdm.write(f"step {step + 1}: no group mixed right and wrong answers in {rounds} rounds; no update")
+            log({"step": step + 1, "no_update": "no group mixed right and wrong answers", "groups_generated": generated,
+                 "sampling_rounds": rounds, "time_step": time.time() - t_step})
+            if finish_step(step + 1):
+                break
             continue
         qs, carried, n_kept = kept_qs[:B], len(surplus_qs), len(kept_qs)
         pooled = sample.concat_batches(kept, tokenizer.pad_token_id)
@@ -387,8 +465,10 @@ def main(argv=None):
         by_length = lengths.argsort()  # [N]
         by_length = by_length[scored[by_length]]  # [n_scored]
         stats_sum, grad_norm = {"policy_term": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0}, 0.0
+        nonfinite = 0
         for _ in range(args.mu):
             optimizer.zero_grad(set_to_none=True)
+            loss_sum = torch.zeros((), device=args.device)
             for s in range(0, len(by_length), args.micro_batch_size):
                 mb = by_length[s:s + args.micro_batch_size]  # [n] rollouts of similar length
                 t = int(lengths[mb].max())  # the micro-batch's longest response: the columns after it are padding
@@ -401,10 +481,15 @@ def main(argv=None):
                     eps_high=args.eps_high, beta=args.beta, ref_logp=None if ref_logp is None else ref_logp[mb, :t],
                     agg=args.agg, max_new_tokens=args.max_new_tokens, n_seqs=N, n_tokens=n_tokens)
                 loss.backward()
+                loss_sum += loss.detach()
                 for k, v in st.items():
                     stats_sum[k] = stats_sum.get(k, 0.0) + v / args.mu
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
-            optimizer.step()
+            if math.isfinite(grad_norm) and torch.isfinite(loss_sum):
+                optimizer.step()
+            else:  # a NaN or infinity must never reach the weights or AdamW's moments: skip this update, count it
+                nonfinite += 1
+                tqdm.write(f"step {step + 1}: the loss or the gradient is not finite; this update is skipped")
             optimizer.zero_grad(set_to_none=True)  # free the gradients before the next sampling
         scheduler.step()
         t_train, t_step = time.time() - t0, time.time() - t_step
@@ -426,6 +511,7 @@ def main(argv=None):
             "groups_mixed": n_kept - carried,  # groups sampled this step that mixed right and wrong
             "sampling_rounds": rounds,
             "grad_norm": grad_norm,
+            "nonfinite_updates": nonfinite,  # updates skipped because the loss or gradient was NaN or infinite
             "lr": scheduler.get_last_lr()[0],
             "time_sample": t_sample,
             "time_train": t_train,
@@ -436,27 +522,34 @@ def main(argv=None):
             **grpo.advantage_concentration(adv, mask, adv_seq),  # O7: ESS-ratio, top-10 % mass
         }
         record["clip_frac"] = record["clip_low"] + record["clip_high"]
+        history.append(record)
+        new_warnings = [w for kind, w in degenerate(history).items() if kind not in warned]
+        warned.update(degenerate(history))  # each kind once, in the log and on the terminal
+        for w in new_warnings:
+            tqdm.write(f"warning, step {step + 1}: {w}")
+        if new_warnings:
+            record["warnings"] = new_warnings
         log(record)
         bar.set_postfix(reward=f"{record['reward_mean']:.2f}", len=f"{record['response_len']:.1f}")
 
         # ---- 7. evaluate, 8. save ----------------------------------------------------------------------------
-        out_of_time = args.max_minutes is not None and time.time() - t_start > 60 * args.max_minutes
-        last_step = step + 1 == args.steps or out_of_time
-        if (step + 1) % args.eval_every == 0 or last_step:
-            acc = run_eval(step + 1)
-            tqdm.write(f"step {step + 1}: greedy held-out accuracy {acc:.3f}")
-            if token_values is not None:
-                write_heatmap(args, step + 1, tokenizer, qs, ids[:, P:], mask, rewards, token_values)
-        if (step + 1) % args.save_every == 0 or last_step:
-            save_checkpoint(args.run_dir, model, tokenizer, optimizer, scheduler, step + 1, problem_rng, args,
-                            {"surplus_qs": surplus_qs, "surplus": surplus})
-        if out_of_time:
-            tqdm.write(f"--max-minutes {args.max_minutes} reached after {step + 1} steps")
+        heatmap = None
+        if token_values is not None:
+            heatmap = lambda done: write_heatmap(args, done, tokenizer, qs, ids[:, P:], mask, rewards, token_values)  # noqa: E731
+        if finish_step(step + 1, heatmap):
             break
 
-    last = [json.loads(l) for l in open(metrics_path) if "eval_accuracy" in l][-1]["eval_accuracy"]
-    print(f"greedy held-out accuracy: {first_acc:.3f} -> {last:.3f}   (run directory: {args.run_dir})")
+    evals = [r for r in checkpoint.read_metrics(metrics_path) if "eval_accuracy" in r]
+    last = evals[-1]["eval_accuracy"] if evals else None
+    checkpoint.write_info(args.run_dir, args, finished=True, step=evals[-1]["step"] if evals else start)
+    if lock is not None:
+        lock.close()
+    print(f"greedy held-out accuracy: {_fmt(first_acc)} -> {_fmt(last)}   (run directory: {args.run_dir})")
     return first_acc, last
+
+
+def _fmt(accuracy) -> str:
+    return "unknown" if accuracy is None else f"{accuracy:.3f}"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,281 @@
+"""checkpoint.py and train.py's guards: nothing lost to a kill, a damaged file, a second run or a NaN."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import checkpoint
+import grpo
+import reward
+import train
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--eval-limit", "16", "--eval-every", "1000"]
+
+
+def read(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def steps_of(run_dir):
+    return [(r["step"], r["reward_mean"], r["response_len"]) for r in read(os.path.join(run_dir, "metrics.jsonl"))
+            if "reward_mean" in r]
+
+
+class Killed(BaseException):
+    """Stands for a kill -9 at that point: nothing after it runs (BaseException, so no handler catches it)."""
+
+
+def kill_at_replace(monkeypatch, n):
+    """Make the n-th directory swap of checkpoint.save (os.replace of checkpoint or checkpoint.tmp) die before it
+    happens."""
+    calls = {"n": 0}
+    real = os.replace
+
+    def replace(src, dst):
+        if os.path.basename(src) not in (checkpoint.CHECKPOINT, checkpoint.TMP):  # run.json, metrics.jsonl
+            return real(src, dst)
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise Killed(f"killed before {src} -> {dst}")
+        return real(src, dst)
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+
+
+# ---- the swap -----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kill_at", [1, 2])  # 1: before the old checkpoint moves aside; 2: before the new one moves in
+def test_a_kill_during_the_swap_keeps_a_checkpoint_to_resume_from(base, tmp_path, monkeypatch, kill_at):
+    full, run_dir = str(tmp_path / "full"), str(tmp_path / "killed")
+    train.main(["--steps", "4", "--save-every", "2", "--run-dir", full, *SMALL])
+    train.main(["--steps", "2", "--save-every", "2", "--run-dir", run_dir, *SMALL])
+    with monkeypatch.context() as m:
+        kill_at_replace(m, kill_at)
+        with pytest.raises(Killed):  # the step-4 checkpoint's swap dies halfway
+            train.main(["--steps", "4", "--save-every", "2", "--resume", "--run-dir", run_dir, *SMALL])
+    names = sorted(os.listdir(run_dir))
+    # kill_at 1: checkpoint (step 2) untouched; kill_at 2: it moved to checkpoint.prev, the new one is still tmp
+    assert ("checkpoint" in names) == (kill_at == 1) and ("checkpoint.prev" in names) == (kill_at == 2)
+    found = checkpoint.find(run_dir)
+    assert checkpoint.load_state(found)["step"] == 2
+    train.main(["--steps", "4", "--save-every", "2", "--resume", "--run-dir", run_dir, *SMALL])
+    assert steps_of(run_dir) == pytest.approx(steps_of(full))  # same problems, same rewards as the run never killed
+    assert sorted(os.listdir(run_dir)) == sorted(os.listdir(full))  # prev and tmp are gone
+
+
+def test_a_kill_while_writing_the_new_checkpoint_leaves_the_old_one(base, tmp_path, monkeypatch):
+    model, tok = base
+    run_dir = str(tmp_path)
+    checkpoint.save(run_dir, model, tok, {"step": 1})
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint.torch, "save", lambda *a, **k: (_ for _ in ()).throw(Killed()))
+        with pytest.raises(Killed):
+            checkpoint.save(run_dir, model, tok, {"step": 2})
+    assert checkpoint.find(run_dir) == os.path.join(run_dir, "checkpoint")
+    assert checkpoint.load_state(checkpoint.find(run_dir))["step"] == 1
+
+
+# ---- damaged files --------------------------------------------------------------------------------------------------
+
+def damaged(base, tmp_path, how):
+    model, tok = base
+    run_dir = str(tmp_path)
+    checkpoint.save(run_dir, model, tok, {"step": 3})
+    ckpt = os.path.join(run_dir, "checkpoint")
+    how(ckpt)
+    return run_dir, ckpt
+
+
+def truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def flip_a_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("how, expect", [
+    (lambda c: truncate(os.path.join(c, "state.pt")), "state.pt: "),
+    (lambda c: truncate(os.path.join(c, "model.safetensors")), "(truncated?)"),
+    (lambda c: flip_a_byte(os.path.join(c, "model.safetensors")), "contents changed since it was saved"),
+    (lambda c: os.remove(os.path.join(c, "tokenizer.json")), "tokenizer.json: missing"),
+    (lambda c: os.remove(os.path.join(c, "manifest.json")), "incomplete"),
+])
+def test_a_damaged_checkpoint_is_refused_in_one_line(base, tmp_path, capsys, how, expect):
+    run_dir, ckpt = damaged(base, tmp_path, how)
+    with pytest.raises(SystemExit) as e:
+        checkpoint.find(run_dir)
+    message = str(e.value.code)
+    assert "\n" not in message and message.startswith("--resume: no usable checkpoint") and expect in message
+
+
+def test_a_damaged_checkpoint_falls_back_to_the_previous_one(base, tmp_path, capsys):
+    model, tok = base
+    older, run_dir = str(tmp_path / "older"), str(tmp_path / "run")
+    checkpoint.save(older, model, tok, {"step": 3})
+    checkpoint.save(run_dir, model, tok, {"step": 4})
+    os.rename(os.path.join(older, "checkpoint"), os.path.join(run_dir, "checkpoint.prev"))  # as a kill mid-swap leaves it
+    truncate(os.path.join(run_dir, "checkpoint", "state.pt"))
+    assert checkpoint.find(run_dir) == os.path.join(run_dir, "checkpoint.prev")
+    assert "state.pt" in capsys.readouterr().out
+
+
+def test_weights_that_are_not_finite_are_refused(base, tmp_path):
+    model, _ = base
+    broken = type(model)(model.config)
+    broken.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        broken.model.norm.weight[0] = float("nan")
+    with pytest.raises(SystemExit) as e:
+        checkpoint.check_finite(broken, "ckpt")
+    assert "model.norm.weight" in str(e.value.code)
+
+
+def test_metrics_survive_a_partial_last_line_and_a_missing_file(base, tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    train.main(["--steps", "2", "--save-every", "2", "--run-dir", run_dir, *SMALL])
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    with open(metrics, "a") as f:
+        f.write('{"step": 3, "reward_me')  # a kill in the middle of a write
+    train.main(["--steps", "3", "--save-every", "2", "--resume", "--run-dir", run_dir, *SMALL])
+    # lines 1-4: the evaluation at step 0, steps 1 and 2, the evaluation at step 2; line 5 the partial one
+    assert "metrics.jsonl:5: not a complete JSON line" in capsys.readouterr().out
+    assert [r["step"] for r in read(metrics) if "reward_mean" in r] == [1, 2, 3]
+    os.remove(metrics)
+    first, last = train.main(["--steps", "4", "--save-every", "2", "--resume", "--run-dir", run_dir, *SMALL])
+    assert first is None and last is not None  # the step-0 evaluation went with the file: said, not invented
+    assert [r["step"] for r in read(metrics) if "reward_mean" in r] == [4]
+
+
+# ---- one run per directory ------------------------------------------------------------------------------------------
+
+def test_a_new_run_refuses_a_directory_holding_a_run(base, tmp_path):
+    run_dir = str(tmp_path / "run")
+    train.main(["--steps", "1", "--run-dir", run_dir, *SMALL])
+    before = open(os.path.join(run_dir, "metrics.jsonl")).read()
+    with pytest.raises(SystemExit) as e:
+        train.main(["--steps", "1", "--run-dir", run_dir, *SMALL])
+    assert "holds a finished grpo run" in str(e.value.code) and "--overwrite" in str(e.value.code)
+    assert open(os.path.join(run_dir, "metrics.jsonl")).read() == before  # nothing deleted
+    with pytest.raises(SystemExit) as e:
+        train.main(["--method", "ktae", "--steps", "2", "--resume", "--run-dir", run_dir, *SMALL])
+    assert str(e.value.code).startswith(f"--resume: {run_dir} is a run with --method grpo, not ktae")
+    train.main(["--method", "ktae", "--steps", "1", "--overwrite", "--run-dir", run_dir, *SMALL])
+    assert json.load(open(os.path.join(run_dir, "run.json")))["method"] == "ktae"
+    assert len([r for r in read(os.path.join(run_dir, "metrics.jsonl")) if "reward_mean" in r]) == 1
+
+
+def test_a_second_run_cannot_write_into_a_locked_directory(tmp_path):
+    args = train.parse_args(["--run-dir", str(tmp_path)])
+    lock = checkpoint.claim(str(tmp_path), args, resume=False, overwrite=False)
+    with pytest.raises(SystemExit) as e:
+        checkpoint.claim(str(tmp_path), args, resume=True, overwrite=False)
+    assert "another run is writing there now" in str(e.value.code)
+    lock.close()  # as when the first run ends or is killed
+    checkpoint.claim(str(tmp_path), args, resume=True, overwrite=False).close()
+
+
+# ---- a non-finite step never reaches the weights; metrics stay JSON ---------------------------------------------------
+
+def test_a_nan_step_is_skipped_and_counted(base, tmp_path, monkeypatch):
+    model, _ = base
+    run_dir = str(tmp_path / "run")
+    monkeypatch.setattr(grpo, "group_advantages", lambda r, **kw: torch.full_like(r, float("nan")))
+    train.main(["--steps", "2", "--run-dir", run_dir, *SMALL])
+    text = open(os.path.join(run_dir, "metrics.jsonl")).read()
+    assert "NaN" not in text and "Infinity" not in text
+    records = [json.loads(line) for line in text.splitlines()]  # strict JSON, every line
+    steps = [r for r in records if "reward_mean" in r]
+    assert [r["nonfinite_updates"] for r in steps] == [1, 1] and steps[0]["grad_norm"] is None
+    saved = checkpoint.find(run_dir)
+    state = checkpoint.load_state(saved)
+    assert all(len(s) == 0 for s in state["optimizer"]["state"].values())  # AdamW never stepped
+    from safetensors.torch import load_file
+    weights = load_file(os.path.join(saved, "model.safetensors"))
+    for name, p in model.state_dict().items():
+        if name in weights:
+            assert torch.equal(weights[name], p), name  # the weights are the base model's, untouched
+
+
+def test_finite_or_none_writes_null_for_undefined_values():
+    assert checkpoint.finite_or_none({"a": float("nan"), "b": float("inf"), "c": 0.5, "d": "x"}) == \
+        {"a": None, "b": None, "c": 0.5, "d": "x"}
+
+
+# ---- DAPO's empty steps still evaluate, save and watch the clock -------------------------------------------------------
+
+def test_empty_dapo_steps_still_evaluate_save_and_stop(base, tmp_path, monkeypatch):
+    monkeypatch.setattr(reward, "is_correct", lambda *a, **k: False)  # no group can mix right and wrong
+    run_dir = str(tmp_path / "run")
+    common = ["--method", "dapo", "--max-sampling-rounds", "1", "--prompts-per-step", "2", "--group-size", "2",
+              "--eval-limit", "8"]
+    train.main(["--steps", "3", "--eval-every", "2", "--save-every", "2", "--run-dir", run_dir, *common])
+    records = read(os.path.join(run_dir, "metrics.jsonl"))
+    assert [r["step"] for r in records if "no_update" in r] == [1, 2, 3]
+    assert [r["step"] for r in records if "eval_accuracy" in r] == [0, 2, 3]
+    assert checkpoint.load_state(checkpoint.find(run_dir))["step"] == 3
+    timed = str(tmp_path / "timed")
+    train.main(["--steps", "50", "--max-minutes", "0", "--run-dir", timed, *common])
+    assert [r["step"] for r in read(os.path.join(timed, "metrics.jsonl")) if "eval_accuracy" in r] == [0, 1]
+
+
+# ---- degenerate runs are named in the log --------------------------------------------------------------------------------
+
+def test_degenerate_runs_are_warned_about():
+    ok = {"accuracy": 0.4, "truncated": 0.0}
+    n = train.DEGENERATE_WINDOW
+    assert train.degenerate([ok] * (n - 1) + [{"accuracy": 0.0, "truncated": 0.0}]) == {}
+    assert list(train.degenerate([{"accuracy": 0.0, "truncated": 0.0}] * n)) == ["all wrong"]
+    assert list(train.degenerate([{"accuracy": 1.0, "truncated": 0.0}] * (n - 1))) == []  # not yet N steps
+    assert list(train.degenerate([{"accuracy": 1.0, "truncated": 0.0}] * n)) == ["all right"]
+    # truncation: a mean of 0.55 over the window is above the 0.5 threshold; 0.5 exactly is not
+    assert list(train.degenerate([{"accuracy": 0.5, "truncated": 0.55}] * n)) == ["truncated"]
+    assert train.degenerate([{"accuracy": 0.5, "truncated": 0.5}] * n) == {}
+
+
+# ---- flags are checked before anything heavy runs ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, named", [
+    (["--group-size", "1"], "--group-size 1"), (["--group-size", "0"], "--group-size 0"),
+    (["--max-new-tokens", "0"], "--max-new-tokens 0"), (["--micro-batch-size", "0"], "--micro-batch-size 0"),
+    (["--prompts-per-step", "0"], "--prompts-per-step 0"), (["--oar-q", "2"], "--oar-q 2.0"),
+    (["--method", "ktae", "--ktae-alpha", "0", "--ktae-beta", "0"], "--ktae-alpha 0 --ktae-beta 0"),
+    (["--lr", "nan"], "--lr nan"), (["--temperature", "0"], "--temperature 0.0"), (["--mu", "0"], "--mu 0"),
+    (["--overlong-buffer", "48"], "--overlong-buffer 48"), (["--resume", "--overwrite"], "--resume and --overwrite"),
+])
+def test_bad_flags_are_argparse_errors_naming_the_flag(capsys, flags, named):
+    with pytest.raises(SystemExit) as e:
+        train.parse_args(flags)
+    assert e.value.code == 2 and named in capsys.readouterr().err
+
+
+def run(*args, **env):
+    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **env})
+
+
+def test_model_directories_without_a_model_are_one_line_and_leave_no_run_dir(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text("{}")
+    for model, expect in [(empty, "no config.json in this directory"), (config_only, "no weights")]:
+        r = run("--model", str(model), "--run-dir", str(tmp_path / "run"))
+        assert r.returncode == 1 and r.stderr.strip() == f"--model {model}: {expect}" + (
+            " (is it a Hugging Face model directory?)" if model == empty else " (*.safetensors or *.bin) in this directory")
+        assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_with_an_unreachable_hub_name_is_one_line(tmp_path):
+    r = run("--model", "no-such-owner/no-such-model", "--dry-run", HF_HUB_OFFLINE="1")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("--model no-such-owner/no-such-model: not a local directory")
