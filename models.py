@@ -17,9 +17,9 @@ def is_hub_name(name: str) -> bool:
             and not os.path.isdir(os.path.expanduser(name)))
 
 
-def check_path(name: str, flag: str = "--model"):
-    """Before anything heavy: a local model directory must hold a config, weights and a tokenizer. One line
-    naming what is missing (a hub name is checked when it loads)."""
+def check_path(name: str, flag: str = "--model", config_only: bool = False):
+    """Before anything heavy: a local model directory must hold a config, weights and a tokenizer (--dry-run: the
+    config alone). One line naming what is missing (a hub name is checked when it loads)."""
     if name == "tiny" or is_hub_name(name):
         return
     path = os.path.expanduser(name)
@@ -28,6 +28,8 @@ def check_path(name: str, flag: str = "--model"):
     files = os.listdir(path)
     if "config.json" not in files:
         sys.exit(f"{flag} {name}: no config.json in this directory (is it a Hugging Face model directory?)")
+    if config_only:
+        return
     if not any(f.endswith((".safetensors", ".bin", ".pt", ".pth")) for f in files):
         sys.exit(f"{flag} {name}: no weights (*.safetensors or *.bin) in this directory")
     if not any(f.startswith(("tokenizer", "vocab")) for f in files):
@@ -39,7 +41,7 @@ def load_config(name: str, flag: str = "--model"):
     from transformers import AutoConfig
     if name == "tiny":
         return tiny.build_model(tiny.build_tokenizer()).config
-    check_path(name, flag)
+    check_path(name, flag, config_only=True)
     try:
         return AutoConfig.from_pretrained(os.path.expanduser(name))
     except (OSError, ValueError) as e:
