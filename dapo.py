@@ -1,4 +1,4 @@
-"""DAPO: the four changes to GRPO, equations D1-D4 of ../shared/papers/dapo.md, each one switchable.
+"""DAPO: the four changes to GRPO, equations D1-D4 of EQUATIONS.md#dapo, each one switchable.
 
 Source: Yu et al., 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476.
 DAPO uses no KL term (beta = 0) and rewards +1 (correct) / -1 (incorrect). Shapes: B prompts, G rollouts each,
@@ -15,6 +15,8 @@ and --method dapo turns on all of them but the overlong filter.
 """
 import torch
 
+import sample
+
 
 def signed_reward(correct: torch.Tensor) -> torch.Tensor:
     """DAPO's correctness reward: +1 if correct, -1 otherwise. correct [...] bool -> float."""
@@ -26,6 +28,35 @@ def mixed_groups(correct: torch.Tensor) -> torch.Tensor:
     A group that is all right or all wrong has zero advantage (G1) and only dilutes the batch."""
     n = correct.sum(dim=1)  # [B]
     return (n > 0) & (n < correct.shape[1])
+
+
+def fill_batch(draw, B: int, G: int, max_rounds: int, buffer: tuple, keep_surplus: bool, pad_id: int) -> dict:
+    """D2 with DAPO's buffer (Algorithm 1): draw rounds of B groups until B of them mix right and wrong answers.
+
+    draw() -> (problems, batch): one round of B problems and their B * G rollouts from sample.generate(), with
+    batch["correct"] [B * G] bool. buffer = (problems, batches): mixed groups left over from the last step, used
+    first (their log pi_old is an older policy's, which the ratio G2 accounts for; they are a step or two old).
+    Returns {"problems", "batch" (the first B mixed groups, or None if there were none), "buffer" (the groups
+    beyond B if keep_surplus, else empty: verl drops them), "generated", "rounds", "carried", "mixed"}. After
+    max_rounds the batch may hold fewer than B groups.
+    Example, B = 2: a round with groups [mixed, all right] keeps 1; the next [mixed, mixed] brings it to 3: the
+    batch is the first 2, and the third waits in the buffer.
+    """
+    problems, kept, generated, rounds = list(buffer[0]), list(buffer[1]), 0, 0
+    while len(problems) < B and rounds < max_rounds:
+        qs, b = draw()
+        keep = mixed_groups(b["correct"].view(B, G))  # [B]
+        problems += [q for q, k in zip(qs, keep) if k]
+        kept.append(sample.select_rows(b, keep.repeat_interleave(G).nonzero().squeeze(1)))
+        generated, rounds = generated + B, rounds + 1
+    out = {"problems": problems[:B], "batch": None, "buffer": ([], []), "generated": generated, "rounds": rounds,
+           "carried": len(buffer[0]), "mixed": len(problems) - len(buffer[0])}
+    if problems:
+        pooled = sample.concat_batches(kept, pad_id)  # rounds differ in width: padded to the widest
+        out["batch"] = sample.select_rows(pooled, torch.arange(len(out["problems"]) * G))
+        if keep_surplus and len(problems) > B:
+            out["buffer"] = (problems[B:], [sample.select_rows(pooled, torch.arange(B * G, len(problems) * G))])
+    return out
 
 
 def overlong_penalty(lengths: torch.Tensor, L_max: int, L_cache: int) -> torch.Tensor:

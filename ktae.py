@@ -1,4 +1,4 @@
-"""KTAE, Key-token Advantage Estimation: equations K1-K7 of ../shared/papers/ktae.md.
+"""KTAE, Key-token Advantage Estimation: equations K1-K7 of EQUATIONS.md#ktae.
 
 Source: Sun et al., 2025, "KTAE: A Model-Free Algorithm to Key-Tokens Advantage Estimation in Mathematical
 Reasoning", arXiv 2505.16826. Where the printed formula and the authors' released code differ, this follows the
@@ -8,7 +8,7 @@ G rollouts of one prompt. The unit is the token id; nothing is carried across gr
 Everything is vectorised over the U distinct (group, id) pairs that occur (torch.unique), never over the
 vocabulary, and a batch of B groups is one pass. Shapes: B groups of G rollouts, N = B * G, T response tokens.
 
-Worked example (ktae.md), r = [1, 1, 0, 0]:
+Worked example (EQUATIONS.md#ktae-worked-example), r = [1, 1, 0, 0]:
     o_1 = [5, 6, 7], o_2 = [5, 6, 8], o_3 = [5, 9, 8], o_4 = [5, 9, 9]
     id 5 (everywhere) -> KTV 0;  id 6 (only in correct) -> +1.0;  id 9 (only in incorrect) -> -1.0
     A_1 = 0.8660 + KTV per token = [0.8660, 1.8660, 1.8660]

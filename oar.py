@@ -1,4 +1,4 @@
-"""OAR: Outcome-grounded Advantage Reshaping (arXiv 2601.07408), O1-O6 of ../shared/papers/oar.md.
+"""OAR: Outcome-grounded Advantage Reshaping (arXiv 2601.07408), O1-O6 of EQUATIONS.md#oar.
 (O7, the ESS-ratio and top-10 % mass, is in grpo.py because every method logs it.)
 
 OAR asks, for each reasoning token of a rollout, how much it moves the model's own distribution over the final
@@ -265,3 +265,21 @@ def token_weights(model, prompts: list, responses: list, pieces: list, answers: 
         for p, r in zip(model.parameters(), needs_grad):
             p.requires_grad_(r)
     return weights
+
+
+def batch_weights(model, batch: dict, answers: list, cue: list, adv_seq, tokenizer, pieces: dict, *, scorer: str,
+                  probe: str, q: float, beta: float, sigma: float, chunk: int):
+    """token_weights for a batch of sample.generate(): weights [N, T]. Each rollout's inputs come from its sampled
+    ids: the prompt's tokens (padding removed), the response before the EOS, and each token's decoded text for the
+    spans (pieces caches token id -> text across steps). answers: the gold answer's ids and "}" per rollout; cue:
+    the conclude cue's ids; adv_seq [N]. The spans need per-row lengths, hence Python lists from here on."""
+    P, mask = batch["prompt_len"], batch["response_mask"]  # [N, T]
+    ids, attn = batch["input_ids"].tolist(), batch["attention_mask"].tolist()
+    n_resp = (mask.sum(-1) - (~batch["truncated"]).long()).tolist()  # response tokens before the EOS
+    prompts = [[t for t, a in zip(row[:P], am[:P]) if a] for row, am in zip(ids, attn)]
+    responses = [row[P:P + n] for row, n in zip(ids, n_resp)]
+    for t in {t for r in responses for t in r} - pieces.keys():
+        pieces[t] = tokenizer.decode([t])
+    texts = [[pieces[t] for t in r] for r in responses]
+    return token_weights(model, prompts, responses, texts, answers, cue, adv_seq, mask.shape[1],
+                         tokenizer.pad_token_id, scorer=scorer, probe=probe, q=q, beta=beta, sigma=sigma, chunk=chunk)

@@ -19,7 +19,7 @@ Layout of what it returns (N = number of prompts * n, P = longest prompt, T = lo
 
     input_ids       [N, P + T]  pad .. pad prompt | response EOS pad .. pad
     attention_mask  [N, P + T]  0   .. 0   1...1  | 1 ...    1   0   .. 0
-    response_mask   [N, T]      1 for generated tokens up to and including the first EOS (grpo.md m_{i,t})
+    response_mask   [N, T]      1 for generated tokens up to and including the first EOS (EQUATIONS.md#notation: m_{i,t})
     logprobs        [N, T]      log pi_old of each sampled token (0 where response_mask is 0)
     entropy         [N, T]      entropy of the distribution each token was drawn from (0 where the mask is 0)
     truncated       [N]         True where no EOS came within max_new_tokens

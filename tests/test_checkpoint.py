@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import checkpoint
+import config
 import grpo
 import reward
 import train
@@ -174,7 +175,7 @@ def test_a_new_run_refuses_a_directory_holding_a_run(base, tmp_path):
 
 
 def test_a_second_run_cannot_write_into_a_locked_directory(tmp_path):
-    args = train.parse_args(["--run-dir", str(tmp_path)])
+    args = config.parse_args(["--run-dir", str(tmp_path)])
     lock = checkpoint.claim(str(tmp_path), args, resume=False, overwrite=False)
     with pytest.raises(SystemExit) as e:
         checkpoint.claim(str(tmp_path), args, resume=True, overwrite=False)
@@ -253,7 +254,7 @@ def test_degenerate_runs_are_warned_about():
 ])
 def test_bad_flags_are_argparse_errors_naming_the_flag(capsys, flags, named):
     with pytest.raises(SystemExit) as e:
-        train.parse_args(flags)
+        config.parse_args(flags)
     assert e.value.code == 2 and named in capsys.readouterr().err
 
 

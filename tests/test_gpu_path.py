@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
+import memory
 import models
 import tiny
 from test_train import ROOT
@@ -22,10 +23,10 @@ def test_parameter_count_of_qwen25_15b():
     # 46,797,824 = q 1536^2 + k, v 1536 x 256 each + o 1536^2 + biases 1536 + 2 x 256 + MLP 3 x 1536 x 8960 + 2 norms
     # 1536; a final norm 1536)
     cfg = Qwen2Config(num_hidden_layers=28, **QWEN15)
-    assert models.n_params(cfg) == 1_543_714_304
+    assert memory.n_params(cfg) == 1_543_714_304
     small = Qwen2Config(num_hidden_layers=2, **QWEN15)
     with torch.device("meta"):
-        assert models.n_params(small) == sum(p.numel() for p in Qwen2ForCausalLM(small).parameters())
+        assert memory.n_params(small) == sum(p.numel() for p in Qwen2ForCausalLM(small).parameters())
 
 
 def test_dry_run_prints_the_full_size_plan_from_a_config_alone(tmp_path):
@@ -58,9 +59,9 @@ def test_one_rl_step_of_a_two_layer_qwen15b_shape_fits_its_plan(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     step = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if "time_step" in line][0]
     prompt_len = max(len(tiny.prompt(q)) for q in tiny.eval_problems())  # one token per character
-    plan = models.memory_plan(cfg, rollouts=4, gen_rollouts=4, prompt_len=prompt_len, max_new_tokens=16,
+    plan = memory.memory_plan(cfg, rollouts=4, gen_rollouts=4, prompt_len=prompt_len, max_new_tokens=16,
                               micro_batch=4, bf16=False, grad_checkpointing=False, beta=0.01, ref_on_cpu=False)
-    planned = max(sum(items.values()) for items in plan.values()) / models.GiB
+    planned = max(sum(items.values()) for items in plan.values()) / memory.GiB
     measured = step["peak_memory_gib"]
     print(f"planned {planned:.2f} GiB, measured {measured:.2f} GiB")
     assert abs(measured - planned) <= 0.25 * planned, (planned, measured)

@@ -1,4 +1,4 @@
-"""K1-K7 of ../shared/papers/ktae.md: the worked example, Fisher against scipy, IG, symmetry, masks."""
+"""K1-K7 of EQUATIONS.md#ktae: the worked example, Fisher against scipy, IG, symmetry, masks."""
 import math
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 import grpo
 import ktae
 
-# the worked example of ktae.md: r = [1, 1, 0, 0]
+# the worked example of EQUATIONS.md#ktae-worked-example: r = [1, 1, 0, 0]
 IDS = torch.tensor([[5, 6, 7], [5, 6, 8], [5, 9, 8], [5, 9, 9]])
 MASK = torch.ones_like(IDS)
 R = torch.tensor([1.0, 1.0, 0.0, 0.0])

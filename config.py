@@ -1,0 +1,157 @@
+"""train.py's flags: the parser, the presets of --method (methods.py), and every check made before anything heavy
+runs (a bad value is one argparse error naming the flag). `python train.py --help` lists them with defaults."""
+import argparse
+import os
+
+import torch
+
+import data
+import methods
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Critic-free RL for math reasoning: GRPO, DAPO, KTAE, OAR (train.py)",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--method", choices=methods.names(), default="grpo", metavar="METHOD",
+                   help="BASE+RULE (methods.py): grpo, dapo (its preset below), ktae = grpo+ktae, dapo+ktae, "
+                        "oar-p / oar-g = grpo+oar-p / grpo+oar-g, dapo+oar-g, ...")
+    p.add_argument("--model", default="tiny", help="'tiny' (built here), a local HF model directory, or a hub name")
+    p.add_argument("--run-dir", default=None, help="default: runs/METHOD-seedSEED")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint (same method and task)")
+    p.add_argument("--overwrite", action="store_true", help="start over in a RUN_DIR that holds another run, deleting it")
+    p.add_argument("--seed", type=int, default=0, help="fixes the problems drawn, the sampling and the initial RNG")
+    # the task
+    p.add_argument("--dataset", default="tiny",
+                   help="training problems: tiny (generated), gsm8k, math500, a .jsonl file, or a hub name")
+    p.add_argument("--eval-dataset", default=None, help="held-out problems (tiny: its 256; else default math500)")
+    p.add_argument("--eval-limit", type=int, default=256, help="first N held-out problems")
+    p.add_argument("--data-dir", default=data.DATA_DIR, help="where the benchmark files are (else: the hub)")
+    # sampling
+    p.add_argument("--steps", type=int, default=400, help="RL steps (each: one batch of rollouts, --mu updates)")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop after this much training wall time (then evaluate and save): compare methods at equal time")
+    p.add_argument("--prompts-per-step", type=int, default=16, help="B, prompts per step")
+    p.add_argument("--group-size", type=int, default=8, help="G, rollouts per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="response length limit; longer ones are truncated")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (also applied in the loss)")
+    p.add_argument("--problem-pool", type=int, default=0,
+                   help="tiny: train on a fixed pool of this many problems (0: fresh problems every step)")
+    p.add_argument("--gen-batch-size", type=int, default=0,
+                   help="prompts per generate call (0: all B at once); fewer prompts, smaller KV cache")
+    p.add_argument("--eval-batch-size", type=int, default=256, help="prompts per generate call when evaluating")
+    # optimisation
+    p.add_argument("--lr", type=float, default=5e-5, help="AdamW learning rate (the tiny model; 1e-6 for 1.5B)")
+    p.add_argument("--warmup-steps", type=int, default=10, help="linear learning-rate warm-up, then constant")
+    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient's global norm to this")
+    p.add_argument("--mu", type=int, default=1, help="optimizer updates per batch of rollouts (G3: the clip binds when > 1)")
+    p.add_argument("--micro-batch-size", type=int, default=64, help="rollouts per training forward (accumulated)")
+    # the objective
+    p.add_argument("--beta", type=float, default=0.0, help="G4 KL weight; 0 loads no reference model")
+    p.add_argument("--ref-on-cpu", action="store_true", help="keep the reference model on the CPU between uses")
+    p.add_argument("--eps-low", type=float, default=0.2, help="G3 clip: rho >= 1 - eps_low where A < 0")
+    p.add_argument("--eps-high", type=float, default=None, help="D1 clip-higher (dapo: 0.28; default eps-low)")
+    p.add_argument("--agg", default=None, choices=["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"],
+                   help="G5 (grpo: seq-mean-token-mean; dapo: token-mean, D3)")
+    # DAPO (dapo.py D1-D4); --method dapo turns on all but the overlong filter
+    p.add_argument("--dynamic-sampling", action=argparse.BooleanOptionalAction, default=None,
+                   help="D2: keep only groups with 0 < #correct < G, sampling more until the batch is full")
+    p.add_argument("--max-sampling-rounds", type=int, default=10, help="D2: rounds of generation at most per step")
+    p.add_argument("--keep-surplus", action=argparse.BooleanOptionalAction, default=None,
+                   help="D2: mixed groups beyond the batch wait in a buffer for the next step (DAPO's Algorithm 1 "
+                        "buffer; dapo: on) instead of being dropped (as verl does)")
+    p.add_argument("--short-batch", choices=["train", "stop"], default="train",
+                   help="D2: after the last round, train on the groups kept, or stop with a message")
+    p.add_argument("--overlong-buffer", type=int, default=None,
+                   help="D4 L_cache: soft length penalty over the last L_cache of --max-new-tokens tokens "
+                        "(0: off; dapo: a sixth of --max-new-tokens, as KTAE's 512 of 3072)")
+    p.add_argument("--overlong-filter", action="store_true", help="D4: mask truncated rollouts out of the loss")
+    p.add_argument("--signed-reward", action=argparse.BooleanOptionalAction, default=None,
+                   help="rewards +1 / -1 as DAPO (default 1 / 0)")
+    p.add_argument("--no-std-scale", action="store_true", help="G1 Dr. GRPO: A = r - mean(r)")
+    # KTAE (K6 weights and the paper's ablations)
+    p.add_argument("--ktae-alpha", type=float, default=1.0, help="K6 weight of the Fisher strength (0: ablate)")
+    p.add_argument("--ktae-beta", type=float, default=1.0, help="K6 weight of the information gain (0: ablate)")
+    p.add_argument("--ktae-top", type=float, default=1.0, help="K6 largest key-token value")
+    p.add_argument("--ktae-no-tf", action="store_true", help="K5 without the BM25 frequency term (D = h)")
+    # OAR (oar.py O1-O5)
+    p.add_argument("--oar-q", type=float, default=0.25, help="O5 quantile level (an independent reimplementation: 0.4)")
+    p.add_argument("--oar-beta", type=float, default=1.0, help="O5 boost (an independent reimplementation: 2.0)")
+    p.add_argument("--oar-sigma", type=float, default=1e-3, help="O3 noise on the reasoning embeddings")
+    p.add_argument("--oar-probe", choices=["last", "answer_mean"], default=None,
+                   help="O1 outcome probe (oar-p: last; oar-g: answer_mean)")
+    p.add_argument("--oar-chunk", type=int, default=None,
+                   help="sequences per scoring forward (O2: perturbed copies; O3: rollouts); default 64 on the tiny "
+                        "world, 8 for other models (OAR-G keeps every layer's activations: ~1.2 MB a token at 1.5B)")
+    p.add_argument("--oar-cue", default=None, help="the conclude cue appended after the reasoning (the tiny world: "
+                                                    "its own '\\boxed{'; other models: OAR's sentence, EQUATIONS.md#oar-spans)")
+    # evaluation and saving
+    p.add_argument("--eval-every", type=int, default=50, help="greedy held-out evaluation every N steps (and at the end)")
+    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
+    # hardware
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 autocast for sampling, scoring and the training forward (GPU); the weights, gradients "
+                        "and AdamW states stay float32, since a 1e-6 update is below a bf16 weight's precision")
+    p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward (GPU memory)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--dry-run", action="store_true", help="print the memory plan for these settings and exit "
+                                                          "(reads only the model's config.json)")
+    p.add_argument("--gpu-memory", type=float, default=80, help="GiB to plan against when no GPU is visible")
+    return p
+
+
+def parse_args(argv=None):
+    """The flags, with the presets of --method's base and token rule filled in where a flag was not given."""
+    p = parser()
+    args = p.parse_args(argv)
+    args.base, args.rule = methods.parse(args.method)
+    for k, v in {**methods.BASES[args.base], **methods.RULES[args.rule].defaults}.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.overlong_buffer == "1/6":
+        args.overlong_buffer = max(1, args.max_new_tokens // 6)
+    args.eval_dataset = args.eval_dataset or ("tiny" if args.dataset == "tiny" else "math500")
+    args.oar_probe = args.oar_probe or "answer_mean"  # (used by OAR's rules only)
+    args.oar_chunk = args.oar_chunk or (64 if args.model == "tiny" else 8)
+    if args.oar_cue is None:
+        args.oar_cue = "\\boxed{" if args.model == "tiny" else "\nTherefore, the final answer is \\boxed{"
+    args.run_dir = args.run_dir or os.path.join("runs", f"{args.method}-seed{args.seed}")
+    check_args(p, args)
+    return args
+
+
+
+def check_args(p, args):
+    """Every flag checked before anything heavy runs: a bad value is one argparse error naming the flag, not a
+    traceback after the model load or a run that silently does nothing."""
+    at_least = {"steps": 1, "prompts_per_step": 1, "max_new_tokens": 1, "micro_batch_size": 1, "mu": 1,
+                "eval_every": 1, "save_every": 1, "eval_limit": 1, "eval_batch_size": 1, "max_sampling_rounds": 1,
+                "gen_batch_size": 0, "problem_pool": 0, "warmup_steps": 0, "threads": 1, "oar_chunk": 1}
+    for name, low in at_least.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            p.error(f"--{name.replace('_', '-')} {value}: must be at least {low}")
+    if args.group_size < 2:  # G1 divides by the group's standard deviation, which needs two rollouts
+        p.error(f"--group-size {args.group_size}: must be at least 2 (G1 compares rollouts within a group)")
+    positive = {"lr": args.lr, "temperature": args.temperature, "grad_clip": args.grad_clip,
+                "oar_sigma": args.oar_sigma, "ktae_top": args.ktae_top, "gpu_memory": args.gpu_memory}
+    for name, value in positive.items():
+        if not value > 0:  # also catches nan
+            p.error(f"--{name.replace('_', '-')} {value}: must be greater than 0")
+    for name in ("beta", "ktae_alpha", "ktae_beta", "oar_beta"):
+        if not getattr(args, name) >= 0:
+            p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 0")
+    if not 0 < args.eps_low < 1 or (args.eps_high is not None and not args.eps_high > 0):
+        p.error(f"--eps-low {args.eps_low} / --eps-high {args.eps_high}: need 0 < eps-low < 1 and eps-high > 0")
+    if not 0 < args.oar_q < 1:
+        p.error(f"--oar-q {args.oar_q}: O5's quantile level must lie strictly between 0 and 1")
+    rule = methods.RULES[args.rule]
+    if rule.check is not None and rule.check(args):
+        p.error(rule.check(args))
+    if args.overlong_buffer not in (None, "1/6") and not 0 <= args.overlong_buffer < args.max_new_tokens:
+        p.error(f"--overlong-buffer {args.overlong_buffer}: must be at least 0 and below --max-new-tokens "
+                f"{args.max_new_tokens}")
+    if args.max_minutes is not None and not args.max_minutes >= 0:
+        p.error(f"--max-minutes {args.max_minutes}: must be at least 0")
+    if args.resume and args.overwrite:
+        p.error("--resume and --overwrite: choose one (continue the run, or delete it and start over)")

@@ -1,0 +1,150 @@
+"""methods.py: --method as a base and a token rule, each rule through the table; config.py's presets; D2's
+fill_batch on a hand-made batch."""
+import json
+
+import pytest
+import torch
+
+import config
+import dapo
+import ktae
+import methods
+import oar
+import sample
+import train
+
+SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--eval-limit", "16", "--eval-every", "1000"]
+
+
+def test_the_six_names_and_every_base_with_every_rule():
+    assert [methods.parse(m) for m in ("grpo", "dapo", "ktae", "dapo+ktae", "oar-p", "oar-g")] == [
+        ("grpo", "none"), ("dapo", "none"), ("grpo", "ktae"), ("dapo", "ktae"), ("grpo", "oar-p"), ("grpo", "oar-g")]
+    assert methods.parse("dapo+oar-g") == ("dapo", "oar-g") and "dapo+oar-g" in methods.names()
+    with pytest.raises(ValueError, match="--method grpo\\+nope"):
+        methods.parse("grpo+nope")
+
+
+def test_method_dapo_sets_its_preset_and_a_flag_given_wins():
+    a = config.parse_args(["--method", "dapo", "--max-new-tokens", "48"])
+    assert (a.eps_high, a.agg, a.dynamic_sampling, a.keep_surplus, a.signed_reward) == (
+        0.28, "token-mean", True, True, True)
+    assert a.overlong_buffer == 8  # a sixth of --max-new-tokens: 48 // 6
+    g = config.parse_args(["--method", "ktae"])
+    assert (g.eps_high, g.agg, g.dynamic_sampling, g.overlong_buffer, g.signed_reward) == (
+        None, "seq-mean-token-mean", False, 0, False)
+    b = config.parse_args(["--method", "dapo", "--eps-high", "0.3", "--no-dynamic-sampling", "--agg", "seq-mean-token-mean"])
+    assert (b.eps_high, b.dynamic_sampling, b.agg, b.signed_reward) == (0.3, False, "seq-mean-token-mean", True)
+    # a rule's defaults: OAR-P probes the last position, OAR-G the teacher-forced answer (O1)
+    assert config.parse_args(["--method", "dapo+oar-p"]).oar_probe == "last"
+    assert config.parse_args(["--method", "oar-g"]).oar_probe == "answer_mean"
+
+
+def _ctx(args_list, model=None, tok=None, problems=None):
+    return methods.Context(config.parse_args(args_list), model, tok, problems or [])
+
+
+def test_rule_none_broadcasts_g1():
+    # r = [1, 1, 0, 0]: mean 0.5, unbiased std sqrt(1/3) = 0.57735 -> A = +-0.5 / 0.57735 = +-0.86603
+    rewards = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]]).float()
+    got = methods.RULES["none"].advantages({}, rewards, mask, _ctx(["--group-size", "4"]))
+    a = 0.5 / (1 / 3) ** 0.5
+    assert torch.allclose(got.seq, torch.tensor([a, a, -a, -a]), rtol=1e-5)
+    assert torch.allclose(got.tokens, torch.tensor([[a, a, 0], [a, 0, 0], [-a, -a, -a], [-a, -a, 0]]), rtol=1e-5)
+    assert got.values is None
+
+
+class _Tok:
+    pad_token_id, eos_token_id = 0, 9
+
+
+def test_rule_ktae_adds_key_token_values_to_g1():
+    # group r = [1, 1, 0, 0]; token 5 occurs in both right rollouts only, token 7 in both wrong ones only, token 3
+    # everywhere. K7: A_{i,t} = A_i + KTV: 5 gets a positive value, 7 a negative one, 3 (no information) 0.
+    resp = torch.tensor([[3, 5, 9], [5, 3, 9], [3, 7, 9], [7, 3, 9]])
+    batch = {"input_ids": torch.cat([torch.ones(4, 2, dtype=torch.long), resp], 1), "prompt_len": 2}
+    mask = torch.ones(4, 3)
+    rewards = torch.tensor([[1.0, 1.0, 0.0, 0.0]])
+    got = methods.RULES["ktae"].advantages(batch, rewards, mask, _ctx(["--method", "ktae", "--group-size", "4"],
+                                                                        tok=_Tok()))
+    v = got.values
+    assert v[0, 1] > 0 and v[2, 1] < 0 and v[0, 0] == 0 and v[0, 2] == 0  # 5 +, 7 -, 3 none, EOS never
+    assert torch.allclose(v[0, 1], -v[2, 1])  # symmetric table: same strength, opposite direction
+    direct, _ = ktae.token_values(resp, mask, rewards, special_ids=(0, 9))
+    assert torch.equal(got.tokens, ktae.token_advantages(got.seq, direct, mask))
+
+
+@pytest.mark.parametrize("rule", ["oar-p", "oar-g"])
+def test_rule_oar_reweights_the_reasoning_and_keeps_its_total(base, rule):
+    # O5 keeps the sum of the weights over the R reasoning tokens equal to R, and O6 scales A_i by them; the
+    # answer after "\boxed{" and the EOS keep weight 1
+    model, tok = base
+    torch.manual_seed(0)
+    problems = [{"prompt": "Q:7+8-9=?\nA:", "answer": "6"}]
+    batch = sample.generate(model, [tok(problems[0]["prompt"])["input_ids"]], n=4, max_new_tokens=30,
+                            temperature=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
+    mask = batch["response_mask"].float()
+    ctx = methods.Context(config.parse_args(["--method", rule, "--group-size", "4"]), model, tok, problems)
+    got = methods.RULES[rule].advantages(batch, rewards, mask, ctx)
+    assert torch.allclose(got.tokens, oar.token_advantages(got.seq, got.values, mask))
+    resp = batch["input_ids"][:, batch["prompt_len"]:]
+    for i in range(4):
+        n = int(mask[i].sum()) - (0 if batch["truncated"][i] else 1)  # without the EOS
+        pieces = [tok.decode([t]) for t in resp[i, :n].tolist()]
+        R = oar.reasoning_length(pieces)
+        w = got.values[i]
+        assert torch.allclose(w[:R].sum(), torch.tensor(float(R)), rtol=1e-4)
+        assert torch.all(w[R:] == 1)
+
+
+def test_a_new_rule_is_one_function_and_one_entry(base, tmp_path):
+    calls = []
+
+    def halve(batch, rewards, mask, ctx):  # the README's example shape: G1, then anything per token
+        seq = methods.sequence_advantages(rewards, ctx)  # [N]
+        calls.append(seq.shape)
+        return methods.TokenAdvantages(0.5 * seq[:, None] * mask, seq, None)
+
+    methods.RULES["halve"] = methods.Rule(halve)
+    try:
+        run_dir = tmp_path / "halve"
+        train.main(["--method", "dapo+halve", "--steps", "1", "--run-dir", str(run_dir), *SMALL])
+    finally:
+        del methods.RULES["halve"]
+    assert calls and calls[0] == (16,)
+    record = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if '"accuracy"' in line][0]
+    assert json.load(open(run_dir / "run.json"))["method"] == "dapo+halve" and record["groups_kept"] == 4
+
+
+def _round(correct: list, tag: int, G: int = 2, T: int = 3):
+    """A batch in generate()'s layout whose rows are recognisable: input_ids = tag * 10 + row."""
+    n = len(correct) * G
+    ids = (tag * 10 + torch.arange(n))[:, None].repeat(1, 1 + T)  # prompt width 1
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": torch.ones(n, T),
+            "logprobs": torch.zeros(n, T), "entropy": torch.zeros(n, T), "truncated": torch.zeros(n, dtype=torch.bool),
+            "correct": torch.tensor([c for group in correct for c in group]), "prompt_len": 1}
+
+
+def test_d2_fill_batch_keeps_b_mixed_groups_and_buffers_the_rest():
+    # B = 2, G = 2. Round 1: groups [mixed, all right] -> 1 kept (rows 10, 11). Round 2: [mixed, mixed] -> 3 in
+    # all: the batch is round 1's group and round 2's first (rows 20, 21); round 2's second (rows 22, 23) waits.
+    rounds = iter([(["a", "b"], _round([[True, False], [True, True]], 1)),
+                   (["c", "d"], _round([[False, True], [True, False]], 2))])
+    got = dapo.fill_batch(lambda: next(rounds), B=2, G=2, max_rounds=10, buffer=([], []), keep_surplus=True, pad_id=0)
+    assert got["problems"] == ["a", "c"] and got["batch"]["input_ids"][:, 0].tolist() == [10, 11, 20, 21]
+    assert got["buffer"][0] == ["d"] and got["buffer"][1][0]["input_ids"][:, 0].tolist() == [22, 23]
+    assert (got["generated"], got["rounds"], got["carried"], got["mixed"]) == (4, 2, 0, 3)
+    # the next step starts from the buffer: one more mixed group fills it, and nothing is left over
+    rounds = iter([(["e", "f"], _round([[True, True], [False, True]], 3))])
+    nxt = dapo.fill_batch(lambda: next(rounds), 2, 2, 10, got["buffer"], True, 0)
+    assert nxt["problems"] == ["d", "f"] and nxt["batch"]["input_ids"][:, 0].tolist() == [22, 23, 32, 33]
+    assert (nxt["carried"], nxt["mixed"], nxt["buffer"]) == (1, 1, ([], []))
+    # without the buffer (verl) the surplus is dropped; with no mixed group after max_rounds there is no batch
+    rounds = iter([(["a", "b"], _round([[True, False], [True, True]], 1)),
+                   (["c", "d"], _round([[False, True], [True, False]], 2))])
+    dropped = dapo.fill_batch(lambda: next(rounds), 2, 2, 10, ([], []), False, 0)
+    assert dropped["problems"] == ["a", "c"] and dropped["buffer"] == ([], []) and dropped["mixed"] == 3
+    rounds = iter([(["a"], _round([[True, True]], 1))] * 3)
+    empty = dapo.fill_batch(lambda: next(rounds), 1, 2, 3, ([], []), True, 0)
+    assert empty["batch"] is None and (empty["rounds"], empty["generated"]) == (3, 3)
