@@ -29,7 +29,7 @@ TIMEOUT_S = 5.0  # for one whole check (both parses and the verify)
 # Answers with numbers too big to work with are not given to sympy, whose slow steps on them (int <-> str is
 # quadratic) are single C calls that no timer can interrupt: a digit run over MAX_DIGITS characters (Python's
 # int() refuses 4,300; 4,000 digits already cost sympy ~0.7 s), or a power or factorial whose value would have
-# over MAX_VALUE_DIGITS digits (10^{10000} is decided in ~0.1 s; 10^{10^{10}} would never finish). Such an
+# over MAX_VALUE_DIGITS digits (10^{10000} is decided in ~0.1 s; 10^{10^{10}} ran into the 5 s deadline). Such an
 # answer is graded by string comparison only (equal strings are correct) and otherwise counted in
 # stats["timeouts"]: the checker gave up on it.
 MAX_DIGITS = 1_000
@@ -123,16 +123,22 @@ def unmatched_after(text: str, box: int, end: int) -> bool:
 
     `\\boxed{11}}}}}}` would otherwise be read as 11: a policy can learn to stop emitting EOS and pad with braces.
     Braces opened before the box may be closed after it (`\\text{so \\boxed{11}}`)."""
+    tail = [t for t in TOKEN.findall(text, end + 1) if t == "{" or t == "}"]
+    if "}" not in tail:  # the usual case: a full stop, a `$`, nothing; no need to look before the box
+        return False
     depth = 0
-    for t in TOKEN.finditer(text, 0, box):
-        depth = max(0, depth + {"{": 1, "}": -1}.get(t.group(), 0))
-    for t in TOKEN.finditer(text, end + 1):
-        if t.group() == "}":
-            if depth == 0:
-                return True
-            depth -= 1
-        elif t.group() == "{":
+    for t in TOKEN.findall(text, 0, box):
+        if t == "{":
             depth += 1
+        elif t == "}" and depth:
+            depth -= 1
+    for t in tail:
+        if t == "{":
+            depth += 1
+        elif depth == 0:
+            return True
+        else:
+            depth -= 1
     return False
 
 
