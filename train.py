@@ -327,6 +327,8 @@ def step_record(run: Run, step: int, batch, rewards, mask, adv, checker: dict, g
         "truncated": batch["truncated"].float().mean().item(),
         "boxed": 1 - checker["no_box"] / max(checker["graded"], 1),  # share of sampled responses with a \boxed answer
         "checker_failures": checker["timeouts"] + checker["errors"] + checker["gold_unparseable"],
+        # share of sampled responses with a "}" after the last box's closing brace that nothing opened (graded wrong)
+        "malformed": checker["malformed"] / max(checker["graded"], 1),
         "groups_generated": got["generated"],
         "groups_kept": len(got["problems"]),
         "groups_carried_in": got["carried"],  # D2 buffer of earlier steps used here
