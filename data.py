@@ -7,9 +7,15 @@ The sets are published with different fields (../shared/data/README.md), so ever
   answer    <- `final_answer` (OlympiadBench: a list of LaTeX strings, $...$ removed, joined by ", ")
             <- `answer` (GSM8K: the number after "#### ", thousands commas removed; AMC23: the float 27.0 -> "27")
             <- the last \\boxed{} of `solution` (Minerva has no answer field)
-A row that gives no question or no answer is reported with its file and line, and counted; nothing is dropped
-silently. Files are read from a local directory (--data-dir); a set that is not there is loaded from the hub by
-its usual name (needs internet).
+Nothing is lost silently: each line is decoded on its own (read_jsonl), so a bad byte costs its line only; a line
+that is not UTF-8, not JSON or not a JSON object, and a row that gives no question or no answer, is skipped and
+listed as 'file:line: why'; blank lines, a leading byte-order mark and every fallback normalise() takes (the answer
+from the solution's last box, ...) are counted in `notes`; report() prints one summary line and the first reasons.
+For a tokenizer with a small alphabet (the tiny model's), drop_unencodable() skips and lists the rows it would
+mangle. Files are read from a local directory (--data-dir); a set that is not there is loaded from the hub by its
+usual name (needs internet). locate() finds a set without reading it, to fail before a model is loaded.
+
+    python data.py gsm8k my.jsonl   # load these and list every row that cannot be used
 """
 import argparse
 import codecs
@@ -246,6 +252,7 @@ def report(name: str, problems: list, skipped: list, notes=None, show: int = 5, 
     them when show is None), and return the summary, e.g.
     "--dataset gsm8k: loaded 7471 rows, skipped 2 (1 undecodable, 1 broken JSON); filled answer from the
     solution's last box in 3 rows"."""
+    skipped = sorted(skipped, key=_line_of)  # in file order, whichever stage found them
     kinds = collections.Counter()
     for s in skipped:
         why = s.split(": ", 1)[1] if ": " in s else s
@@ -260,8 +267,7 @@ def report(name: str, problems: list, skipped: list, notes=None, show: int = 5, 
     for s in skipped if show is None else skipped[:show]:
         print(f"  {s}", file=file)
     if show is not None and len(skipped) > show:
-        print(f"  ... and {len(skipped) - show} more (python data.py --check {name.split()[-1]} lists them all)",
-              file=file)
+        print(f"  ... and {len(skipped) - show} more", file=file)
     return line
 
 

@@ -95,7 +95,7 @@ def run_benchmark(model, tokenizer, name: str, args) -> dict:
     notes = collections.Counter()
     problems, skipped = data.load(name, "test", args.data_dir, args.limit, notes=notes, flag="--benchmarks")
     problems, unencodable = data.drop_unencodable(problems, tokenizer)
-    skipped = sorted(skipped + unencodable, key=data._line_of)
+    skipped += unencodable
     loaded = data.report(name, problems, skipped, notes)
     prompts = [p.get("prompt") or data.build_prompt(tokenizer, p["question"]) for p in problems]
     golds = [p["answer"] for p in problems]
