@@ -10,6 +10,7 @@ the checker's timeouts and parse failures, and the settings. train.py's held-out
 calls score() below.
 """
 import argparse
+import collections
 import json
 import os
 import time
@@ -89,9 +90,13 @@ def score(model, tokenizer, prompts: list, golds: list, *, k: int = 1, temperatu
 
 def run_benchmark(model, tokenizer, name: str, args) -> dict:
     """One benchmark: greedy pass@1, and avg@k / pass@k from k samples at --temperature when --k > 1."""
-    problems, skipped = data.load(name, "test", args.data_dir, args.limit)
-    for s in skipped:
-        print(f"  skipped {s}")
+    # a row that cannot be read or used, or whose text the tokenizer cannot encode (the tiny model's small
+    # alphabet), is skipped and reported with its file and line; what was filled in is counted (data.report)
+    notes = collections.Counter()
+    problems, skipped = data.load(name, "test", args.data_dir, args.limit, notes=notes, flag="--benchmarks")
+    problems, unencodable = data.drop_unencodable(problems, tokenizer)
+    skipped += unencodable
+    loaded = data.report(name, problems, skipped, notes)
     prompts = [p.get("prompt") or data.build_prompt(tokenizer, p["question"]) for p in problems]
     golds = [p["answer"] for p in problems]
     t0 = time.time()
@@ -114,6 +119,7 @@ def run_benchmark(model, tokenizer, name: str, args) -> dict:
         row["parse_failures"] += sampled["checker"]["gold_unparseable"] + sampled["checker"]["errors"]
     row["seconds"] = time.time() - t0
     row["examples"] = examples
+    row["loaded"] = loaded  # data.report's line: rows loaded, skipped (and why), fallbacks taken
     return row
 
 
@@ -150,13 +156,17 @@ def main(argv=None):
     for b in names:
         if b not in BENCHMARKS + ["tiny"] and not b.endswith(".jsonl"):
             p.error(f"--benchmarks: unknown benchmark {b!r} (known: {', '.join(BENCHMARKS)}, tiny, or a .jsonl file)")
+        try:  # a file that is not there fails now, in one line, before the model is loaded
+            data.locate(b, "test", args.data_dir, "--benchmarks")
+        except SystemExit as e:
+            p.error(str(e))
     model, tokenizer, _ = models.load_model(args.model)
     model.to(args.device, dtype=torch.bfloat16 if args.bf16 else None).eval()
     results = {}
     for name in names:
         results[name] = run_benchmark(model, tokenizer, name, args)
     counts = ("n", "rows_skipped", "timeouts", "parse_failures", "prompts_cut", "batches_capped", "seconds")
-    rates = [c for c in results[names[0]] if c not in counts + ("examples",)]
+    rates = [c for c in results[names[0]] if c not in counts + ("examples", "loaded")]
     results["average"] = {c: sum(results[b][c] for b in names) / len(names) for c in rates}  # unweighted
     results["average"].update({c: sum(results[b][c] for b in names) for c in counts})  # totals
     print(table(results, args.k))

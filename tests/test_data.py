@@ -1,11 +1,14 @@
 """data.py: every published layout normalised, unusable rows reported with file and line, and the grader agreeing
 with each benchmark's own reference answers."""
+import codecs
+import collections
 import json
 import os
 
 import pytest
 
 import data
+import tiny
 
 # rows per file, as published (../shared/data/README.md); every one of them must load
 EXPECTED = {("gsm8k", "train"): 7473, ("gsm8k", "test"): 1319, ("math500", "test"): 500, ("aime24", "test"): 30,
@@ -53,7 +56,7 @@ def test_bad_rows_are_reported_with_file_and_line_and_the_rest_load(tmp_path):
     assert [(p["question"], p["answer"]) for p in problems] == [("1+1?", "2"), ("2+2?", "4")]
     assert problems[1]["where"] == f"{path}:6"
     assert [s.split(": ", 1)[0] for s in skipped] == [f"{path}:2", f"{path}:3", f"{path}:5"]
-    assert "no answer" in skipped[0] and "not JSON" in skipped[1] and "not a JSON object" in skipped[2]
+    assert "no answer" in skipped[0] and "broken JSON" in skipped[1] and "not a JSON object" in skipped[2]
 
 
 def test_unknown_dataset_names_the_choices():
@@ -97,3 +100,136 @@ def test_prompt_uses_the_chat_template_when_there_is_one():
 
     assert data.build_prompt(Plain(), "What is 1+1?") == "What is 1+1?\n" + data.INSTRUCTION + "\n"
     assert data.build_prompt(Chat(), "What is 1+1?") == f"system:{data.INSTRUCTION}|user:What is 1+1?"
+
+
+# ---- a loader that loses nothing (issue 15, point 5): each case below failed before ------------------------------
+
+def _row(q="1+1?", a="#### 2"):
+    return json.dumps({"question": q, "answer": a}).encode()
+
+
+def test_a_bad_byte_costs_its_line_only_and_the_line_is_named(tmp_path):
+    # before: UnicodeDecodeError at a buffer offset, no line named, no row loaded
+    path = tmp_path / "bad_byte.jsonl"
+    path.write_bytes(b"\n".join([_row(), b'{"question": "caf\xe9?", "answer": "#### 3"}', _row("2+2?", "#### 4")])
+                     + b"\n")
+    notes = collections.Counter()
+    problems, skipped = data.load(str(path), notes=notes)
+    assert [p["answer"] for p in problems] == ["2", "4"]
+    assert len(skipped) == 1 and skipped[0].startswith(f"{path}:2: undecodable bytes") and "\\xe9" in skipped[0]
+
+
+def test_read_jsonl_broken_json_blank_lines_non_objects_and_bom(tmp_path):
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(codecs.BOM_UTF8 + b"\n".join([_row(), b"", b"   ", b'{"question": "x", ', b"[1, 2]", b"7",
+                                                   b"null", _row("3+3?", "#### 6")]) + b"\n")
+    notes = collections.Counter()
+    rows, problems = data.read_jsonl(str(path), notes)
+    # before: the BOM made line 1 "not JSON (Unexpected UTF-8 BOM)" and the row was lost
+    assert [(w, r["question"]) for w, r in rows] == [(f"{path}:1", "1+1?"), (f"{path}:8", "3+3?")]
+    assert problems == [f"{path}:4: broken JSON (Expecting property name enclosed in double quotes, column 19)",
+                        f"{path}:5: not a JSON object (an array)", f"{path}:6: not a JSON object (a number)",
+                        f"{path}:7: not a JSON object (null)"]
+    assert notes == {data.BLANK_LINES: 2, data.BOM_REMOVED: 1}  # blank lines counted, the final newline is not one
+
+
+def test_parse_line_says_why():
+    assert data.parse_line(_row()) == ({"question": "1+1?", "answer": "#### 2"}, None)
+    assert data.parse_line(b'{"a": "\xff"}')[1].startswith("undecodable bytes (byte 8 of the line")
+    assert data.parse_line(b"{not json")[1].startswith("broken JSON")
+    assert data.parse_line(b'"a string"')[1] == "not a JSON object (a string)"
+
+
+@pytest.mark.parametrize("row,note", [
+    ({"problem": "Q", "answer": None, "solution": "so \\boxed{5}"}, data.FILLED_FROM_BOX),  # null answer
+    ({"problem": "Q", "solution": "so \\boxed{5}"}, data.FILLED_FROM_BOX),  # no answer field (Minerva)
+    ({"problem": "", "question": "Q", "answer": "5"}, data.QUESTION_FROM_QUESTION),
+    ({"question": "Q", "final_answer": None, "answer": "5"}, data.ANSWER_FROM_ANSWER),
+])
+def test_every_fallback_is_counted(row, note):
+    notes = collections.Counter()
+    assert data.normalise(row, notes) == ("Q", "5")
+    assert notes == {note: 1}
+    # an ordinary row takes no fallback
+    assert data.normalise({"problem": "Q", "answer": "5", "solution": "\\boxed{5}"}, notes) == ("Q", "5")
+    assert notes == {note: 1}
+
+
+def test_a_row_with_no_usable_answer_is_skipped_with_its_line(tmp_path):
+    path = tmp_path / "null.jsonl"
+    path.write_text(json.dumps({"problem": "Q", "answer": None, "solution": "no box"}) + "\n"
+                    + json.dumps({"problem": "Q", "answer": None, "solution": "\\boxed{7}"}) + "\n")
+    notes = collections.Counter()
+    problems, skipped = data.load(str(path), notes=notes)
+    assert [p["answer"] for p in problems] == ["7"] and notes == {data.FILLED_FROM_BOX: 1}  # the skipped row: no note
+    assert skipped == [f"{path}:1: no answer (fields `answer`, `final_answer`, or a \\boxed{{}} in `solution`)"]
+
+
+def test_report_prints_one_summary_line_and_the_first_reasons(capsys):
+    skipped = [f"f.jsonl:{i}: undecodable bytes (...)" for i in range(1, 8)] + ["f.jsonl:9: broken JSON (x)"]
+    line = data.report("--dataset gsm8k", [{}] * 7471, skipped, collections.Counter({data.FILLED_FROM_BOX: 3}))
+    assert line == ("--dataset gsm8k: loaded 7471 rows, skipped 8 (7 undecodable, 1 broken JSON); "
+                    "filled answer from the solution's last box in 3 rows")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == line and err[1:6] == [f"  f.jsonl:{i}: undecodable bytes (...)" for i in range(1, 6)]
+    assert err[6].startswith("  ... and 3 more") and len(err) == 7
+    assert data.report("tiny", [{}], []) == "tiny: loaded 1 rows, skipped 0"
+
+
+def test_locate_names_the_flag_and_the_path_in_one_line(tmp_path, monkeypatch):
+    # before: train.py --dry-run accepted it; a real run failed only after loading the model
+    with pytest.raises(SystemExit) as e:
+        data.locate(str(tmp_path / "nope.jsonl"), "train", str(tmp_path), "--dataset")
+    assert str(e.value) == f"--dataset {tmp_path}/nope.jsonl: not found (no file {tmp_path}/nope.jsonl)"
+    with pytest.raises(SystemExit, match=r"^--eval-dataset gsm8k_typo: unknown \(known: gsm8k.*\)$"):
+        data.locate("gsm8k_typo", "test", str(tmp_path), "--eval-dataset")
+    with pytest.raises(SystemExit, match="^--dataset math500: no train split"):
+        data.locate("math500", "train", str(tmp_path), "--dataset")
+    (tmp_path / "mine.json").write_text("{}")
+    with pytest.raises(SystemExit, match="must be a .jsonl file"):
+        data.locate(str(tmp_path / "mine.json"), "train", str(tmp_path))
+    # a benchmark: its file in data_dir, else its hub name, unless the hub is switched off
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_bytes(_row() + b"\n")
+    assert data.locate("gsm8k", "test", str(tmp_path)) == str(tmp_path / "gsm8k" / "test.jsonl")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    assert data.locate("gsm8k", "train", str(tmp_path)) == "openai/gsm8k:main"
+    assert data.locate("owner/set:cfg", "train", str(tmp_path)) == "owner/set:cfg"
+    assert data.locate("tiny", "test", str(tmp_path)) == "tiny"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit, match=f"^--eval-dataset gsm8k: not found .no file {tmp_path}/gsm8k/train.jsonl"):
+        data.locate("gsm8k", "train", str(tmp_path), "--eval-dataset")
+
+
+def test_characters_the_tiny_tokenizer_cannot_encode_are_reported_not_dropped():
+    # before: the tiny tokenizer silently dropped "é", so "Q:1+é2=?" was trained on as "Q:1+2=?"
+    tok = tiny.build_tokenizer()
+    texts = ["Q:1+2=?", "Q:1+é2=?", "Q:y+z=?", "e\u0301"]  # the last: e + combining accent, NFC "é"
+    assert data.encoding_loss(texts, tiny.ALPHABET) == ["", "é", "yz", "é"]
+    assert data.encoding_loss(texts, tok) == ["", "é", "yz", "é"]
+    problems = [{"question": "Q:1+2=?", "answer": "3", "where": "f:1"},
+                {"question": "Q:1+é2=?", "answer": "3", "where": "f:2"},
+                {"question": "Q:1+2=?", "answer": "three", "prompt": "Q:1+2=?\nA:", "where": "f:3"}]
+    kept, skipped = data.drop_unencodable(problems, tok)
+    assert kept == problems[:1]
+    assert skipped == ["f:2: characters the tokenizer cannot encode: '\\\\xe9' in the question",
+                       "f:3: characters the tokenizer cannot encode: 'thr' in the answer"]
+    assert "2 unencodable" in data.report("--dataset x", kept, skipped)
+
+
+def test_check_runs_to_the_end_on_bad_files(tmp_path, capsys):
+    # before: data.py --check died on a bad byte (UnicodeDecodeError) and on a broken JSON line (normalise(str))
+    for name in ("gsm8k", "amc23"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_bytes(b"\n".join([
+        json.dumps({"question": "Q", "answer": "so 5\n#### 5"}).encode(), b"", b'{"question": "\xe9"}', b"{broken",
+        b""]))
+    (tmp_path / "amc23" / "test.jsonl").write_bytes(json.dumps({"problem": "Q", "answer": 27.0}).encode() + b"\n")
+    data.main(["--check", "--data-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    gsm8k = tmp_path / "gsm8k" / "test.jsonl"
+    assert "gsm8k test: loaded 1 rows, skipped 2 (1 undecodable, 1 broken JSON); 1 blank lines skipped" in out
+    assert f"{gsm8k}:3: undecodable bytes" in out and f"{gsm8k}:4: broken JSON" in out
+    assert out.count("references graded correct 1/1") == 2  # gsm8k's good row, then amc23
+    assert f"math500 test: no file {tmp_path}/math500/test.jsonl" in out  # missing files: said, then passed over

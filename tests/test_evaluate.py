@@ -46,17 +46,26 @@ def test_score_greedy_and_sampled_on_the_tiny_model(base):
 
 def test_evaluate_command_writes_table_and_json(tmp_path, capsys, base):
     path = tmp_path / "mine.jsonl"
-    path.write_text(json.dumps({"question": "Q:2+3=?", "answer": "#### 5"}) + "\n"
-                    + json.dumps({"question": "no answer"}) + "\n")
+    path.write_bytes(b"\n".join([json.dumps({"question": "Q:2+3=?", "answer": "#### 5"}).encode(),
+                                  json.dumps({"question": "no answer"}).encode(),
+                                  b'{"question": "Q:2+\xe9=?", "answer": "#### 5"}',  # not UTF-8
+                                  json.dumps({"question": "Q:2+3=?", "answer": "five"}).encode(),  # not encodable
+                                  b"{broken"]) + b"\n")
     out = tmp_path / "eval.json"
     evaluate.main(["--benchmarks", f"tiny,{path}", "--limit", "6", "--k", "2", "--temperature", "1.0",
                    "--max-new-tokens", "40", "--out", str(out)])
-    printed = capsys.readouterr().out
-    assert "pass@1" in printed and "avg@2" in printed and "average" in printed
-    assert f"skipped {path}:2: no answer" in printed  # the unusable row is reported with its file and line
+    printed = capsys.readouterr()
+    assert "pass@1" in printed.out and "avg@2" in printed.out and "average" in printed.out
+    # every unusable row is reported (stderr) with its file and line, and skipped; before, the bad byte killed the
+    # run with a UnicodeDecodeError and "five" was graded as "e" (the tiny tokenizer dropped "f", "i" and "v")
+    summary = f"{path}: loaded 1 rows, skipped 4 (1 no answer, 1 undecodable, 1 unencodable, 1 broken JSON)"
+    assert summary in printed.err.splitlines()
+    for line, why in [(2, "no answer"), (3, "undecodable bytes"), (4, "characters the tokenizer cannot encode"),
+                      (5, "broken JSON")]:
+        assert f"  {path}:{line}: {why}" in printed.err
     saved = json.load(open(out))
     tiny_row, mine = saved["results"]["tiny"], saved["results"][str(path)]
-    assert (tiny_row["n"], mine["n"], mine["rows_skipped"]) == (6, 1, 1)
+    assert (tiny_row["n"], mine["n"], mine["rows_skipped"], mine["loaded"]) == (6, 1, 4, summary)
     assert saved["results"]["average"]["pass@1"] == pytest.approx((tiny_row["pass@1"] + mine["pass@1"]) / 2)
     assert saved["settings"]["max_new_tokens"] == 40 and saved["settings"]["k"] == 2
 
@@ -65,3 +74,10 @@ def test_unknown_benchmark_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         evaluate.main(["--benchmarks", "math5000"])
     assert "unknown benchmark 'math5000'" in capsys.readouterr().err
+
+
+def test_a_missing_file_fails_in_one_line_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(evaluate.models, "load_model", lambda *a: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit):
+        evaluate.main(["--benchmarks", f"tiny,{tmp_path}/gone.jsonl"])
+    assert f"--benchmarks {tmp_path}/gone.jsonl: not found (no file {tmp_path}/gone.jsonl)" in capsys.readouterr().err
