@@ -18,6 +18,7 @@ Where this loop departs from the papers (none changes an equation; see EQUATIONS
 - AdamW (0.9, 0.99), no weight decay, linear warm-up then a constant rate; one update per batch (--mu 1), so the
   ratio G2 is 1 at the update except for D2's carried groups.
 """
+import collections
 import math
 import os
 import random
@@ -45,6 +46,9 @@ import tiny
 
 def main(argv=None):
     args = config.parse_args(argv)
+    # the datasets are found (not yet read) first, --dry-run included: a missing file is one line naming its flag
+    data.locate(args.dataset, data.train_split(args.dataset), args.data_dir, "--dataset")
+    data.locate(args.eval_dataset, "test", args.data_dir, "--eval-dataset")
     if args.dry_run:
         gpu = (torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available()
                else int(args.gpu_memory * memory.GiB))
@@ -195,22 +199,25 @@ def start(args, ckpt) -> Run:
 def load_task(args, tokenizer) -> dict:
     """Training problems (a pool, or None: fresh tiny problems each step) and held-out problems with their prompts
     and gold answers; a held-out problem never appears in training."""
-    eval_problems, skipped = data.load(args.eval_dataset, "test", args.data_dir, args.eval_limit)
+    notes = collections.Counter()  # the loader's fallbacks (an answer taken from the solution's box, ...), counted
+    eval_problems, skipped = data.load(args.eval_dataset, "test", args.data_dir, args.eval_limit, notes=notes,
+                                       flag="--eval-dataset")
+    eval_problems, lost = data.drop_unencodable(eval_problems, tokenizer)  # before the prompts add their instruction
+    data.report(f"--eval-dataset {args.eval_dataset}", eval_problems, skipped + lost, notes)
     held_out = {p["question"] for p in eval_problems}
     if args.dataset == "tiny":
         pool = ([data.tiny_problem(q) for q in tiny.train_problems(random.Random(args.seed), args.problem_pool,
                                                                    held_out)] if args.problem_pool else None)
     else:
-        pool, skipped_train = data.load(args.dataset, data.train_split(args.dataset), args.data_dir)
-        skipped += skipped_train
+        notes = collections.Counter()
+        pool, skipped = data.load(args.dataset, data.train_split(args.dataset), args.data_dir, notes=notes,
+                                  flag="--dataset")
+        pool, lost = data.drop_unencodable(pool, tokenizer)
+        data.report(f"--dataset {args.dataset}", pool, skipped + lost, notes)
         if not pool:
             sys.exit(f"--dataset {args.dataset}: no usable problem")
         print(f"{len(pool)} training problems from {args.dataset}, {len(eval_problems)} held out from "
               f"{args.eval_dataset}")
-    for line in skipped[:20]:
-        print(f"skipped {line}")
-    if skipped:
-        print(f"{len(skipped)} rows skipped in all (no question or no answer)")
     for p in (pool or []) + eval_problems:  # the tiny world's prompts are its own; others: the chat template
         p["prompt"] = p.get("prompt") or data.build_prompt(tokenizer, p["question"])
     return {"pool": pool, "held_out": held_out, "eval_prompts": [p["prompt"] for p in eval_problems],

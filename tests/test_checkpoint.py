@@ -280,3 +280,12 @@ def test_dry_run_with_an_unreachable_hub_name_is_one_line(tmp_path):
     r = run("--model", "no-such-owner/no-such-model", "--dry-run", HF_HUB_OFFLINE="1")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
     assert r.stderr.startswith("--model no-such-owner/no-such-model: not a local directory")
+
+
+def test_a_missing_dataset_file_stops_before_anything_loads_even_in_a_dry_run(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    for flags in (["--dataset", str(missing), "--dry-run"], ["--eval-dataset", str(missing)]):
+        r = run(*flags, "--run-dir", str(tmp_path / "run"))
+        flag = flags[0]
+        assert r.returncode == 1 and r.stderr.strip().splitlines() == [f"{flag} {missing}: not found (no file {missing})"]
+        assert not (tmp_path / "run").exists()

@@ -91,8 +91,9 @@ def test_training_on_a_dataset_file_reports_bad_rows(base, tmp_path, capsys):
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n" + json.dumps({"question": "no answer"}) + "\n")
     train.main(["--dataset", str(path), "--eval-dataset", str(path), "--steps", "1", "--prompts-per-step", "4",
                 "--group-size", "2", "--eval-every", "1000", "--run-dir", str(tmp_path / "run")])
-    out = capsys.readouterr().out
-    assert f"skipped {path}:10: no answer" in out and "9 training problems" in out
+    printed = capsys.readouterr()
+    assert f"--dataset {path}: loaded 9 rows, skipped 1 (1 no answer)" in printed.err
+    assert f"  {path}:10: no answer" in printed.err and "9 training problems" in printed.out
     evals = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if "eval_n" in line]
     assert evals[0]["eval_n"] == 9
 
