@@ -216,23 +216,24 @@ def degenerate(records: list) -> dict:
 
 def write_heatmap(args, step, tokenizer, qs, resp, mask, rewards, values):
     """RUN_DIR/heatmaps/stepN.html: the first group of this batch that mixes right and wrong answers, every
-    token coloured by its KTAE key-token value (green +, red -, scale -1..+1) or its OAR weight (green above 1,
-    red below, scale 1 +- beta)."""
+    token coloured by its KTAE key-token value or its OAR weight, each rollout with its reward and sequence
+    advantage (plots.token_heatmap builds the page and its legend)."""
     G = args.group_size
     mixed = [g for g in range(len(qs)) if 0 < (rewards[g] > 0).sum() < G]
     if not mixed:
         return
     g = mixed[0]
+    adv = grpo.group_advantages(rewards[g:g + 1], scale_std=not args.no_std_scale).view(-1).tolist()  # G1, [G]
     rollouts = []
     for i in range(g * G, (g + 1) * G):
         n = int(mask[i].sum())
         tokens = [tokenizer.decode([t]) for t in resp[i, :n].tolist()]
-        rollouts.append((tokens, values[i, :n].tolist(), rewards[g, i - g * G].item()))
+        rollouts.append((tokens, values[i, :n].tolist(), rewards[g, i - g * G].item(), adv[i - g * G]))
     os.makedirs(os.path.join(args.run_dir, "heatmaps"), exist_ok=True)
     is_oar = args.method.startswith("oar")
     plots.token_heatmap(os.path.join(args.run_dir, "heatmaps", f"step{step}.html"),
                         f"{args.method}: {'OAR weights' if is_oar else 'key-token values'}, step {step}",
-                        qs[g]["prompt"], rollouts, centre=1.0 if is_oar else 0.0,
+                        qs[g]["prompt"], rollouts, kind="oar" if is_oar else "ktae",
                         scale=args.oar_beta if is_oar else 1.0)
 
 
