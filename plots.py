@@ -11,7 +11,7 @@ average (the raw mean faint behind it) and a band from the lowest to the highest
 """
 import html
 
-GREEN, RED = (0, 160, 0), (220, 0, 0)  # backgrounds at most 45 % opaque (pastel), underlines in the full colour
+GREEN, RED = (0, 160, 0), (220, 0, 0)  # backgrounds at most 45 % opaque (pastel), underlines up to the full colour
 MAX_ALPHA = 0.45
 
 # What the colours mean, per kind: shown on the page above the rollouts.
@@ -37,13 +37,22 @@ LEGENDS = {
 
 
 def _style(value: float, centre: float, scale: float) -> str:
-    """The inline style of a token: '' near the centre, else a pastel background and a 2px underline.
-    _style(1.0, 0, 1) == 'background:rgba(0,160,0,0.450);border-bottom:2px solid rgb(0,160,0)'."""
+    """The inline style of a token: '' near the centre, else a pastel background and a 3px underline, both as
+    strong as |value - centre| / scale (the underline's opacity that ratio itself, so weak values are not underlined
+    as if they mattered). _style(1.0, 0, 1) == 'background:rgba(0,160,0,0.450);border-bottom:3px solid
+    rgba(0,160,0,1.000)'; _style(-0.5, 0, 1) == 'background:rgba(220,0,0,0.225);border-bottom:3px solid
+    rgba(220,0,0,0.500)'."""
     x = max(-1.0, min(1.0, (value - centre) / scale))
     if abs(x) < 0.01:
         return ""
     r, g, b = GREEN if x > 0 else RED
-    return f"background:rgba({r},{g},{b},{MAX_ALPHA * abs(x):.3f});border-bottom:2px solid rgb({r},{g},{b})"
+    return (f"background:rgba({r},{g},{b},{MAX_ALPHA * abs(x):.3f});"
+            f"border-bottom:3px solid rgba({r},{g},{b},{abs(x):.3f})")
+
+
+def _attr(value: float, centre: float, scale: float) -> str:
+    style = _style(value, centre, scale)
+    return f' style="{style}"' if style else ""
 
 
 def _token(text: str) -> str:
@@ -62,12 +71,12 @@ def token_heatmap(path: str, title: str, question: str, rollouts: list, kind: st
         centre = 1.0 if kind == "oar" else 0.0
     rows = []
     for i, (tokens, values, reward, adv) in enumerate(rollouts):
-        spans = "".join(f'<span title="{v:+.3f}" style="{_style(v, centre, scale)}">{_token(t)}</span>'
+        spans = "".join(f'<span title="{v:+.3f}"{_attr(v, centre, scale)}>{_token(t)}</span>'
                         for t, v in zip(tokens, values))
         verdict = "rewarded" if reward > 0 else "not rewarded"
         rows.append(f'<div class="r"><div class="h">rollout {i + 1} &middot; reward {reward:g} ({verdict}) &middot; '
                     f'sequence advantage {adv:+.3f}</div><div class="t">{spans}</div></div>')
-    swatches = " ".join(f'<span class="sw" style="{_style(v, centre, scale)}">{v:+.2f}</span>'
+    swatches = " ".join(f'<span class="sw"{_attr(v, centre, scale)}>{v:+.2f}</span>'
                         for v in (centre + f * scale for f in (-1, -0.5, 0, 0.5, 1)))
     legend = LEGENDS[kind].format(scale=scale, hi=centre + scale, lo=centre - scale)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>
