@@ -186,8 +186,9 @@ def main(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only-steps", action="store_true", help="only the seconds per RL step (skip the sampler and "
                                                               "KTAE benchmarks)")
-    p.add_argument("--methods", default=",".join(METHODS), help="RL step benchmark: comma-separated train.py "
-                                                                 "methods; the first is the baseline (default: %(default)s)")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="RL step benchmark: comma-separated train.py methods; the first is the baseline "
+                        "(default: %(default)s)")
     p.add_argument("--steps", type=int, default=14, help="RL steps per run (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=4, help="RL steps per run left out of the median "
                                                          "(default: %(default)s)")

@@ -74,7 +74,9 @@ def table(results: dict) -> str:
         after = [e[-1]["eval_accuracy"] for e in evals]
         steps = [[r for r in recs if "ess_ratio" in r][-20:] for recs in runs]
         minutes = [sum(r["time_step"] for r in recs if "time_step" in r) / 60 for recs in runs]
-        ess = statistics.mean(r["ess_ratio"] for s in steps for r in s if r["ess_ratio"] == r["ess_ratio"])
+        ess = [r["ess_ratio"] for s in steps for r in s
+               if r["ess_ratio"] is not None and r["ess_ratio"] == r["ess_ratio"]]
+        ess = statistics.mean(ess) if ess else float("nan")  # null (NaN) on a step with no advantage at all
         std = statistics.stdev(after) if len(after) > 1 else 0.0
         lines.append(f"| {method} | {len(runs)} | {statistics.mean(e[0]['eval_accuracy'] for e in evals):.3f} | "
                      f"{statistics.mean(after):.3f} +- {std:.3f} | "

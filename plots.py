@@ -114,37 +114,42 @@ def curves(path: str, key: str, runs: dict, ylabel: str = None, title: str = Non
     """One PNG: `key` over steps, a line per method (the mean over its seeds) and a band from the lowest to the
     highest seed. runs: {method: [records of seed 0, records of seed 1, ...]}, records as in metrics.jsonl;
     steps where a seed has no value are left out of that seed. smooth: the moving-average window (default: a
-    tenth of the points when there are more than 20, else none; the raw mean is drawn faint behind it). Each
-    method has its own colour, line style and marker; the legend sits outside the axes."""
+    tenth of the points when there are more than 20, else none; the raw mean is drawn faint behind the smoothed
+    mean, and the band is smoothed alike). Each method has its own colour, line style and marker; the legend sits
+    outside the axes."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 4.2))
-    n_seeds = set()
+    n_seeds, windows = set(), set()
     for j, (method, seeds) in enumerate(runs.items()):
-        series = [{r["step"]: r[key] for r in recs if key in r and r[key] == r[key]} for recs in seeds]  # no NaN
+        series = [{r["step"]: r[key] for r in recs if r.get(key) is not None and r[key] == r[key]}
+                  for recs in seeds]  # no NaN, nor the null that metrics.jsonl writes for one
         steps = sorted(set.intersection(*(set(s) for s in series))) if series else []
         if not steps:
             continue
         n_seeds.add(len(seeds))
         values = [[s[x] for s in series] for x in steps]
-        mean = [sum(v) / len(v) for v in values]
+        mean, low, high = ([f(v) for v in values] for f in (lambda v: sum(v) / len(v), min, max))
         window = smooth if smooth is not None else (max(2, len(steps) // 10) if len(steps) > 20 else 1)
+        windows.add(window)
         colour = f"C{j % 10}"
         style = dict(color=colour, linestyle=STYLES[j % len(STYLES)], marker=MARKERS[j % len(MARKERS)],
                      markevery=max(1, len(steps) // 8), markersize=5, linewidth=1.8)
         if window > 1:
-            ax.plot(steps, mean, color=colour, alpha=0.25, linewidth=0.8)  # raw, faint
-            ax.plot(steps, moving_average(mean, window), label=f"{method} (moving average of {window})", **style)
-        else:
-            ax.plot(steps, mean, label=method, **style)
+            ax.plot(steps, mean, color=colour, alpha=0.3, linewidth=0.8)  # raw, faint
+            mean, low, high = (moving_average(x, window) for x in (mean, low, high))
+        ax.plot(steps, mean, label=method, **style)
         if len(seeds) > 1:
-            ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=colour, alpha=0.12)
+            ax.fill_between(steps, low, high, color=colour, alpha=0.12)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel or key)
-    seeds_note = f"mean of {'/'.join(map(str, sorted(n_seeds)))} seed{'s' * (max(n_seeds, default=1) > 1)}"
-    seeds_note += ", band: lowest to highest seed" if max(n_seeds, default=1) > 1 else ""
-    ax.set_title(f"{title or ylabel or key}\n({seeds_note})", fontsize=10)
+    most = max(n_seeds, default=1)
+    note = [f"mean of {'/'.join(map(str, sorted(n_seeds))) or 0} seed{'s' * (most > 1)}"]
+    note += ["band: lowest to highest seed"] if most > 1 else []
+    if max(windows, default=1) > 1:
+        note += [f"moving average over {'/'.join(map(str, sorted(windows)))} steps, raw mean faint"]
+    ax.set_title(f"{title or ylabel or key}\n({'; '.join(note)})", fontsize=10)
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)

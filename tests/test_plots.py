@@ -56,6 +56,7 @@ def test_moving_average():
 def test_curves_draw_a_titled_png(tmp_path):
     runs = {m: [[{"step": s, "reward_mean": (s * k) % 7 / 7} for s in range(1, 41)] for k in (1, 2)]
             for m in ("grpo", "ktae", "oar-g")}
+    runs["grpo"][0][3]["reward_mean"] = None  # metrics.jsonl writes NaN (a step with no advantage) as null
     path = tmp_path / "reward.png"
     plots.curves(str(path), "reward_mean", runs, "sampled reward", title="sampled reward, 3 methods x 40 steps")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
