@@ -1,13 +1,16 @@
 """Benchmarks that print numbers (targets are checked here, not in timed tests).
 
-    python bench.py            # the sampler against model.generate, KTAE on a Qwen-sized group, and the
-                               # seconds per RL step of grpo, ktae, oar-g and oar-p (about 3 minutes)
-    python bench.py --steps    # only the RL steps
-    python bench.py --trl      # also TRL's GRPOTrainer on the same model and setting (needs `pip install trl`;
-                               # measured with trl 1.16.0, in a separate virtual environment)
+    python bench.py --threads 2          # the sampler against model.generate, KTAE on a Qwen-sized group, and
+                                         # the seconds per RL step of grpo, ktae, oar-g and oar-p (about 13
+                                         # minutes on 2 shared cores)
+    python bench.py --only-steps         # only the RL steps
+    python bench.py --only-steps --methods grpo,ktae --steps 8 --rounds 1    # a quick look
+    python bench.py --trl                # also TRL's GRPOTrainer on the same model and setting (needs
+                                         # `pip install trl`; measured with trl 1.16.0, in a separate venv)
 
 Medians of several runs after a warm-up, on whatever machine runs it (the README quotes a 2-core CPU).
 """
+import argparse
 import json
 import os
 import random
@@ -17,11 +20,11 @@ import sys
 import tempfile
 import time
 
-import torch
+# torch, ktae, sample and tiny are imported where they are used, so that --help answers at once
 
-import ktae
-import sample
-import tiny
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN = os.path.join(HERE, "train.py")
+METHODS = ("grpo", "ktae", "oar-g", "oar-p")
 
 
 def median_time(fn, repeat=7, warmup=2):
@@ -53,6 +56,9 @@ def bench_sampler(repeat=11):
     """Useful tokens per second (response tokens up to and including EOS) of `model.generate` and of our sampler
     on the tiny default: 16 prompts x 8 rollouts, at most 48 new tokens, temperature 1.0 (top-k off, so both draw
     from the full softmax). generate() runs every row until the longest ends; ours drops finished rows."""
+    import torch
+    import sample
+    import tiny
     model, tok, _ = tiny.load_or_build()
     model.eval()
     qs = tiny.train_problems(random.Random(0), 16, set(tiny.eval_problems()))
@@ -93,7 +99,7 @@ def bench_sampler(repeat=11):
     return ours_tps / hf_tps
 
 
-def bench_rl_steps(methods=("grpo", "ktae", "oar-g", "oar-p"), steps=14, warmup=4, rounds=2):
+def bench_rl_steps(methods=("grpo", "ktae", "oar-g", "oar-p"), steps=14, warmup=4, rounds=2, threads=None):
     """Seconds per RL step (sample + reward + advantage + loss + optimizer step) of each method, as train.py runs
     it on the tiny default: the same seed, so the same problems and, until the updates part them, the same
     rollouts. Each method runs in its own process (`python train.py --steps 14`), the methods taking turns for
@@ -102,9 +108,9 @@ def bench_rl_steps(methods=("grpo", "ktae", "oar-g", "oar-p"), steps=14, warmup=
     time_advantage being KTAE's K1-K7 or OAR's scoring."""
     def run(method, n_steps):
         with tempfile.TemporaryDirectory() as d:
-            subprocess.run([sys.executable, "train.py", "--method", method, "--steps", str(n_steps), "--eval-every",
-                            "1000", "--save-every", "1000", "--run-dir", d], check=True, capture_output=True,
-                           cwd=os.path.dirname(os.path.abspath(__file__)))
+            cmd = [sys.executable, TRAIN, "--method", method, "--steps", str(n_steps), "--eval-every", "1000",
+                   "--save-every", "1000", "--run-dir", d] + (["--threads", str(threads)] if threads else [])
+            subprocess.run(cmd, check=True, capture_output=True, cwd=HERE)
             return [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl")) if '"time_step"' in l][warmup:]
 
     run(methods[0], warmup + 2)  # thrown away: the first process after an idle spell ran 20-30 % slower here
@@ -145,6 +151,7 @@ def bench_trl(steps=14, warmup=4):
     except ImportError as e:
         sys.exit(f"--trl: {e}; `pip install trl` (measured with trl 1.16.0), best in a separate virtual environment")
     import reward
+    import tiny
     model, tok, _ = tiny.load_or_build()
     qs = tiny.train_problems(random.Random(0), 16 * steps, set(tiny.eval_problems()))
     data = Dataset.from_list([{"prompt": tiny.prompt(q), "answer": tiny.answer(q)} for q in qs])
@@ -174,12 +181,39 @@ def bench_trl(steps=14, warmup=4):
     return t
 
 
-if __name__ == "__main__":
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only-steps", action="store_true", help="only the seconds per RL step (skip the sampler and "
+                                                              "KTAE benchmarks)")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="RL step benchmark: comma-separated train.py methods; the first is the baseline "
+                        "(default: %(default)s)")
+    p.add_argument("--steps", type=int, default=14, help="RL steps per run (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=4, help="RL steps per run left out of the median "
+                                                         "(default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=2, help="runs per method, taking turns (default: %(default)s)")
+    p.add_argument("--repeat", type=int, default=11, help="sampler: timed repetitions (default: %(default)s)")
+    p.add_argument("--trl", action="store_true", help="also TRL's GRPOTrainer (needs `pip install trl`)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch, here and in every train.py "
+                                                             "run (default: torch's choice; on a shared machine "
+                                                             "pass what is yours)")
+    args = p.parse_args(argv)
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if args.steps <= args.warmup:
+        p.error(f"--steps {args.steps} must exceed --warmup {args.warmup}")
+    import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    if "--steps" not in sys.argv:
-        bench_sampler()
+    if not args.only_steps:
+        bench_sampler(args.repeat)
         bench_ktae_qwen_group()
-    rows = bench_rl_steps()
-    if "--trl" in sys.argv:
-        t = bench_trl()
-        print(f"our grpo step / TRL's: {rows['grpo']['time_step'] / t:.2f}")
+    rows = bench_rl_steps(methods, args.steps, args.warmup, args.rounds, args.threads)
+    if args.trl:
+        t = bench_trl(args.steps, args.warmup)
+        print(f"our grpo step / TRL's: {rows[methods[0]]['time_step'] / t:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,13 +1,17 @@
 """Side-by-side runs: every method over the same seeds on the tiny default, one command, one directory.
 
-    python compare.py                                   # grpo dapo ktae dapo+ktae oar-g oar-p, seeds 0 1 2, 100 steps
+    python compare.py --threads 2                       # grpo dapo ktae dapo+ktae oar-g oar-p, seeds 0 1 2, 100 steps
     python compare.py --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick
+    python compare.py --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick -- --lr 1e-4   # train.py flags
 
-Each run is `python train.py --method M --seed S --run-dir OUT/M-seedS` in its own process. A seed fixes the
+OUT (--out, or its alias --run-dir) is taken relative to the directory you run the command from, wherever
+compare.py itself lies. --eval-every defaults to a quarter of --steps (4 evaluations, plus step 0).
+
+Each run is `python /path/to/train.py --method M --seed S --run-dir OUT/M-seedS` in its own process. A seed fixes the
 problems drawn and the sampling RNG, so every method sees the same problems at the same step (DAPO's extra
 rounds of dynamic sampling draw further problems, so its batches drift from the others'). A run that already
-finished is reused, and one that was interrupted resumes from its checkpoint, so a stopped comparison picks up
-where it was. Then OUT holds:
+finished is reused, one that was interrupted resumes from its checkpoint, and one stopped before its first
+checkpoint starts over (train.py --overwrite), so a stopped comparison picks up where it was. Then OUT holds:
     accuracy.png reward.png length.png entropy.png ess.png   a line per method (mean over seeds), min-max band
     results.md                                               final accuracy mean +- std, length, wall time
     heatmaps/METHOD.html                                     the last evaluation's heat map (seed 0)
@@ -21,6 +25,11 @@ import subprocess
 import sys
 
 import plots
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN = os.path.join(HERE, "train.py")  # by its full path: compare.py may be run from any directory
+OWN_FLAGS = ("--method", "--seed", "--steps", "--run-dir", "--eval-every", "--save-every", "--threads", "--resume",
+             "--overwrite")  # set by compare.py itself for every run
 
 PLOTS = {"accuracy.png": ("eval_accuracy", "greedy held-out accuracy"), "reward.png": ("reward_mean", "sampled reward"),
          "length.png": ("response_len", "response length (tokens)"), "entropy.png": ("entropy", "entropy"),
@@ -40,13 +49,16 @@ def run_one(method, seed, args):
         if done["steps"] != args.steps:
             sys.exit(f"{run_dir} finished with --steps {done['steps']}, not {args.steps}: use another --out")
         return read(os.path.join(run_dir, "metrics.jsonl"))
-    cmd = [sys.executable, "train.py", "--method", method, "--seed", str(seed), "--steps", str(args.steps),
+    cmd = [sys.executable, TRAIN, "--method", method, "--seed", str(seed), "--steps", str(args.steps),
            "--run-dir", run_dir, "--eval-every", str(args.eval_every), "--save-every", str(args.eval_every),
-           *args.train_args]
-    resuming = os.path.exists(os.path.join(run_dir, "checkpoint", "state.pt"))
-    print(f"{'resuming' if resuming else 'running'} {method} seed {seed}: {' '.join(cmd[1:])}", flush=True)
-    subprocess.run(cmd + (["--resume"] if resuming else []), check=True,
-                   cwd=os.path.dirname(os.path.abspath(__file__)))
+           *(["--threads", str(args.threads)] if args.threads else []), *args.train_args]
+    resuming = any(os.path.isdir(os.path.join(run_dir, d)) for d in ("checkpoint", "checkpoint.prev"))
+    # a run stopped before its first checkpoint left a metrics file that train.py would refuse to start over on
+    leftover = not resuming and os.path.isdir(run_dir) and bool(os.listdir(run_dir))
+    extra = ["--resume"] if resuming else ["--overwrite"] if leftover else []
+    what = "resuming" if resuming else "restarting (no checkpoint to resume)" if leftover else "running"
+    print(f"{what} {method} seed {seed}: {' '.join(cmd[1:] + extra)}", flush=True)
+    subprocess.run(cmd + extra, check=True, cwd=HERE)
     with open(done_path, "w") as f:
         json.dump({"method": method, "seed": seed, "steps": args.steps}, f)
     return read(os.path.join(run_dir, "metrics.jsonl"))
@@ -62,7 +74,9 @@ def table(results: dict) -> str:
         after = [e[-1]["eval_accuracy"] for e in evals]
         steps = [[r for r in recs if "ess_ratio" in r][-20:] for recs in runs]
         minutes = [sum(r["time_step"] for r in recs if "time_step" in r) / 60 for recs in runs]
-        ess = statistics.mean(r["ess_ratio"] for s in steps for r in s if r["ess_ratio"] == r["ess_ratio"])
+        ess = [r["ess_ratio"] for s in steps for r in s
+               if r["ess_ratio"] is not None and r["ess_ratio"] == r["ess_ratio"]]
+        ess = statistics.mean(ess) if ess else float("nan")  # null (NaN) on a step with no advantage at all
         std = statistics.stdev(after) if len(after) > 1 else 0.0
         lines.append(f"| {method} | {len(runs)} | {statistics.mean(e[0]['eval_accuracy'] for e in evals):.3f} | "
                      f"{statistics.mean(after):.3f} +- {std:.3f} | "
@@ -77,15 +91,26 @@ def main(argv=None):
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=100, help="per run (6 methods x 3 seeds of 100 steps: about 35 "
                                                            "minutes on 2 cores)")
-    p.add_argument("--eval-every", type=int, default=25)
-    p.add_argument("--out", default="runs/compare")
+    p.add_argument("--eval-every", type=int, default=None, help="greedy evaluation (and checkpoint) every N steps "
+                                                                 "(default: steps / 4, at least 1)")
+    p.add_argument("--out", "--run-dir", dest="out", default="runs/compare",
+                   help="directory of the comparison, relative to where you run the command (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch in every train.py run (default: "
+                                                             "torch's choice; on a shared machine pass what is yours)")
     p.add_argument("train_args", nargs="*", help="more train.py flags, after --, e.g. -- --lr 1e-4")
     args = p.parse_args(argv)
     methods, seeds = args.methods.split(","), [int(s) for s in args.seeds.split(",")]
+    if args.eval_every is None:
+        args.eval_every = max(1, args.steps // 4)
+    for flag in args.train_args:
+        if flag.split("=")[0] in OWN_FLAGS:
+            p.error(f"{flag.split('=')[0]} after --: compare.py sets it for every run (use compare.py's own flag)")
+    args.out = os.path.abspath(args.out)  # the user's cwd, not train.py's
     os.makedirs(args.out, exist_ok=True)
     results = {m: [run_one(m, s, args) for s in seeds] for m in methods}
     for name, (key, label) in PLOTS.items():
-        plots.curves(os.path.join(args.out, name), key, results, label)
+        plots.curves(os.path.join(args.out, name), key, results, label,
+                     title=f"{label}, {len(methods)} methods x {args.steps} steps")
     os.makedirs(os.path.join(args.out, "heatmaps"), exist_ok=True)
     for m in methods:
         maps = os.path.join(args.out, f"{m}-seed{seeds[0]}", "heatmaps")
@@ -94,7 +119,8 @@ def main(argv=None):
             shutil.copy(os.path.join(maps, last), os.path.join(args.out, "heatmaps", f"{m}.html"))
     md = table(results)
     with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(f"`python compare.py --methods {args.methods} --seeds {args.seeds} --steps {args.steps}`\n\n" + md)
+        f.write(f"`python compare.py --methods {args.methods} --seeds {args.seeds} --steps {args.steps} "
+                f"--eval-every {args.eval_every}`\n\n" + md)
     print(md)
     return results
 

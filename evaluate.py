@@ -1,7 +1,11 @@
 """Evaluation (evaluation.md): greedy pass@1, avg@k and unbiased pass@k on the papers' benchmarks.
 
     python evaluate.py --model DIR --benchmarks math500,aime24,aime25,amc23,minerva,olympiadbench,gsm8k
-    python evaluate.py --model runs/ktae-seed0/checkpoint --benchmarks tiny --k 8 --temperature 1.0
+    python evaluate.py --model runs/ktae-seed0/checkpoint --benchmarks tiny --k 8 --temperature 1.0 --threads 2
+
+Each evaluation writes its own JSON file, named after the model, the benchmarks and the settings that change the
+numbers (runs/eval-MODEL-BENCHMARKS-SETTINGS.json, e.g. runs/eval-tiny-tiny-greedy-t48.json); an existing
+file is never replaced: a second one gets -2, -3, ... (or pass --out, and --overwrite to replace it).
 
 Responses come from the project's one sampler (sample.py, as in train.py) and are graded by reward.py. The
 table is printed and a JSON file written with, per benchmark and on average: the number of problems, greedy
@@ -104,8 +108,8 @@ def run_benchmark(model, tokenizer, name: str, args) -> dict:
                    batch_size=args.batch_size, desc=f"{name} greedy")
     row = {"n": greedy["n"], "rows_skipped": len(skipped), "pass@1": greedy["accuracy"],
            "response_len": greedy["response_len"], "boxed": greedy["boxed"],
-           "timeouts": greedy["checker"]["timeouts"], "prompts_cut": greedy["prompts_cut"],
-           "batches_capped": greedy["batches_capped"],
+           "timeouts": greedy["checker"]["timeouts"], "malformed": greedy["checker"]["malformed"],
+           "prompts_cut": greedy["prompts_cut"], "batches_capped": greedy["batches_capped"],
            "parse_failures": greedy["checker"]["gold_unparseable"] + greedy["checker"]["errors"]}
     examples = [{"where": p["where"], "gold": g, "greedy": r}
                 for p, g, r in zip(problems[:3], golds, greedy["responses"])]
@@ -116,6 +120,7 @@ def run_benchmark(model, tokenizer, name: str, args) -> dict:
                         desc=f"{name} {args.k} samples")
         row[f"avg@{args.k}"], row[f"pass@{args.k}"] = sampled["accuracy"], sampled[f"pass@{args.k}"]
         row["timeouts"] += sampled["checker"]["timeouts"]
+        row["malformed"] += sampled["checker"]["malformed"]
         row["parse_failures"] += sampled["checker"]["gold_unparseable"] + sampled["checker"]["errors"]
     row["seconds"] = time.time() - t0
     row["examples"] = examples
@@ -125,13 +130,39 @@ def run_benchmark(model, tokenizer, name: str, args) -> dict:
 
 def table(results: dict, k: int) -> str:
     """The printed table: one line per benchmark and the unweighted average over them (as the papers report)."""
-    cols = ["n", "pass@1"] + ([f"avg@{k}", f"pass@{k}"] if k > 1 else []) + ["response_len", "boxed", "timeouts",
-                                                                              "parse_failures"]
+    cols = (["n", "pass@1"] + ([f"avg@{k}", f"pass@{k}"] if k > 1 else [])
+            + ["response_len", "boxed", "timeouts", "malformed", "parse_failures"])
     lines = [f"{'benchmark':15s}" + "".join(f"{c:>15s}" for c in cols)]
     for name, row in results.items():
         cells = [f"{row[c]:15d}" if isinstance(row[c], int) else f"{row[c]:15.3f}" for c in cols]
         lines.append(f"{name:15s}" + "".join(cells))
     return "\n".join(lines)
+
+
+def _slug(text: str) -> str:
+    """A file-name-safe piece: 'runs/ktae-seed0/checkpoint/' -> 'runs_ktae-seed0_checkpoint'."""
+    keep = "".join(c if c.isalnum() or c in "-_." else "_" for c in text.strip("/").replace(os.sep, "_"))
+    return keep.strip("._") or "x"
+
+
+def default_out(args, names: list) -> str:
+    """runs/eval-MODEL-BENCHMARKS-SETTINGS.json: every setting that changes the numbers is in the name (k,
+    temperature and seed when sampled, the token budget, --limit), a .jsonl benchmark by its file name."""
+    bench = "+".join(_slug(os.path.splitext(os.path.basename(b))[0]) if b.endswith(".jsonl") else b for b in names)
+    if len(bench) > 60:
+        bench = bench[:60]
+    parts = [_slug(args.model), bench, f"k{args.k}-temp{args.temperature:g}-seed{args.seed}" if args.k > 1
+             else "greedy", f"t{args.max_new_tokens}"] + ([f"limit{args.limit}"] if args.limit else [])
+    return os.path.join("runs", "eval-" + "-".join(parts) + ".json")
+
+
+def free_path(path: str) -> str:
+    """path, or path with -2, -3, ... before .json if it exists: an evaluation never replaces another."""
+    stem, ext = os.path.splitext(path)
+    n = 2
+    while os.path.exists(path):
+        path, n = f"{stem}-{n}{ext}", n + 1
+    return path
 
 
 def main(argv=None):
@@ -145,13 +176,23 @@ def main(argv=None):
     p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
     p.add_argument("--k", type=int, default=1, help="samples per problem for avg@k and pass@k (1: greedy only)")
     p.add_argument("--temperature", type=float, default=0.6, help="for the k samples (greedy pass@1 uses 0)")
-    p.add_argument("--max-new-tokens", type=int, default=3000)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="response token budget (default: 3000, the papers' protocol; 48 for the tiny model and "
+                        "its checkpoints, as in train.py: their context is 256 positions, an answer about 30 tokens)")
     p.add_argument("--batch-size", type=int, default=64, help="responses generated together")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--bf16", action="store_true", help="bf16 weights (GPU)")
-    p.add_argument("--out", default=None, help="JSON file (default: runs/eval-MODEL.json)")
+    p.add_argument("--out", default=None, help="JSON file (default: runs/eval-MODEL-BENCHMARKS-SETTINGS.json, "
+                                               "never replacing an existing one: -2, -3, ... is added)")
+    p.add_argument("--overwrite", action="store_true", help="replace the --out file if it exists")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice; on a "
+                                                             "shared machine pass what is yours)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.out and os.path.exists(args.out) and not args.overwrite:
+        p.error(f"--out {args.out} exists: pass --overwrite to replace it, or choose another file")
     names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
     for b in names:
         if b not in BENCHMARKS + ["tiny"] and not b.endswith(".jsonl"):
@@ -162,20 +203,23 @@ def main(argv=None):
             p.error(str(e))
     model, tokenizer, _ = models.load_model(args.model)
     model.to(args.device, dtype=torch.bfloat16 if args.bf16 else None).eval()
+    if args.max_new_tokens is None:  # the tiny world's context (256) has no room for 3000
+        args.max_new_tokens = 48 if (getattr(model.config, "max_position_embeddings", 0) or 10**9) <= 256 else 3000
     results = {}
     for name in names:
         results[name] = run_benchmark(model, tokenizer, name, args)
-    counts = ("n", "rows_skipped", "timeouts", "parse_failures", "prompts_cut", "batches_capped", "seconds")
+    counts = ("n", "rows_skipped", "timeouts", "malformed", "parse_failures", "prompts_cut", "batches_capped", "seconds")
     rates = [c for c in results[names[0]] if c not in counts + ("examples", "loaded")]
     results["average"] = {c: sum(results[b][c] for b in names) / len(names) for c in rates}  # unweighted
     results["average"].update({c: sum(results[b][c] for b in names) for c in counts})  # totals
     print(table(results, args.k))
     for b in names:
         if results[b]["prompts_cut"] or results[b]["batches_capped"]:
-            print(f"note: {b}: the model's context ({model.config.max_position_embeddings} positions) cut "
-                  f"{results[b]['prompts_cut']} prompts and shortened the token budget of "
-                  f"{results[b]['batches_capped']} batches")
-    out = args.out or os.path.join("runs", "eval-" + args.model.strip("/").replace("/", "_") + ".json")
+            print(f"note: {b}: the model's context ({model.config.max_position_embeddings} positions) is shorter "
+                  f"than prompt + --max-new-tokens {args.max_new_tokens}: it cut {results[b]['prompts_cut']} "
+                  f"prompts (kept from their end) and gave {results[b]['batches_capped']} batches a smaller token "
+                  f"budget (responses may end early; a smaller --max-new-tokens removes this note)")
+    out = args.out or free_path(default_out(args, names))
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     settings = dict(vars(args))
     settings["template"] = "chat template" if getattr(tokenizer, "chat_template", None) else "plain + instruction"

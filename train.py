@@ -434,10 +434,10 @@ def finish(run: Run):
 
 
 def write_heatmap(args, step, tokenizer, qs, batch, mask, rewards, adv):
-    """RUN_DIR/heatmaps/stepN.html: the first group of this batch that mixes right and wrong answers, every
-    token coloured by its KTAE key-token value (green +, red -, scale -1..+1) or its OAR weight (green above 1,
-    red below, scale 1 +- beta)."""
-    G, resp, values = args.group_size, batch["input_ids"][:, batch["prompt_len"]:], adv.values
+    """RUN_DIR/heatmaps/stepN.html: the first group of this batch that mixes right and wrong answers, every token
+    coloured by the rule's per-token values (KTAE's key-token values, OAR's weights), each rollout with its reward
+    and sequence advantage (plots.token_heatmap builds the page and its legend)."""
+    G, resp, kind = args.group_size, batch["input_ids"][:, batch["prompt_len"]:], methods.RULES[args.rule].heatmap
     mixed = [g for g in range(len(qs)) if 0 < (rewards[g] > 0).sum() < G]
     if not mixed:
         return
@@ -446,13 +446,11 @@ def write_heatmap(args, step, tokenizer, qs, batch, mask, rewards, adv):
     for i in range(g * G, (g + 1) * G):
         n = int(mask[i].sum())
         tokens = [tokenizer.decode([t]) for t in resp[i, :n].tolist()]
-        rollouts.append((tokens, values[i, :n].tolist(), rewards[g, i - g * G].item()))
+        rollouts.append((tokens, adv.values[i, :n].tolist(), rewards[g, i - g * G].item(), adv.seq[i].item()))
     os.makedirs(os.path.join(args.run_dir, "heatmaps"), exist_ok=True)
-    is_oar = methods.RULES[args.rule].heatmap == "oar"
     plots.token_heatmap(os.path.join(args.run_dir, "heatmaps", f"step{step}.html"),
-                        f"{args.method}: {'OAR weights' if is_oar else 'key-token values'}, step {step}",
-                        qs[g]["prompt"], rollouts, centre=1.0 if is_oar else 0.0,
-                        scale=args.oar_beta if is_oar else 1.0)
+                        f"{args.method}: {'OAR weights' if kind == 'oar' else 'key-token values'}, step {step}",
+                        qs[g]["prompt"], rollouts, kind=kind, scale=args.oar_beta if kind == "oar" else 1.0)
 
 
 def amp(args):

@@ -30,3 +30,23 @@ def test_compare_two_methods_writes_plots_and_a_table_from_the_metrics(base, tmp
     capsys.readouterr()
     compare.main(args)  # everything finished: reused, nothing rerun
     assert "running" not in capsys.readouterr().out
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_over(base, tmp_path, capsys):
+    # train.py refuses a directory that holds a run unless --resume or --overwrite: with no checkpoint to resume,
+    # compare.py must start over (--overwrite) rather than fail
+    out = tmp_path / "cmp"
+    (out / "grpo-seed0").mkdir(parents=True)
+    (out / "grpo-seed0" / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval_accuracy": 0.0}) + "\n")
+    compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(out), "--threads", "1",
+                  "--", "--prompts-per-step", "2", "--group-size", "2", "--eval-limit", "8"])
+    assert "restarting (no checkpoint to resume)" in capsys.readouterr().out
+    recs = [json.loads(line) for line in open(out / "grpo-seed0" / "metrics.jsonl")]
+    assert [r["step"] for r in recs if "reward_mean" in r] == [1, 2]  # the leftover line is gone
+
+
+def test_flags_compare_sets_itself_are_refused_after_the_separator(tmp_path, capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        compare.main(["--out", str(tmp_path), "--", "--run-dir", "elsewhere"])
+    assert "--run-dir after --" in capsys.readouterr().err

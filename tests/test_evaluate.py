@@ -70,6 +70,24 @@ def test_evaluate_command_writes_table_and_json(tmp_path, capsys, base):
     assert saved["settings"]["max_new_tokens"] == 40 and saved["settings"]["k"] == 2
 
 
+def test_two_evaluations_keep_both_results(tmp_path, monkeypatch, capsys, base):
+    # the default file name holds the model, the benchmarks and the settings; an existing file is never replaced
+    monkeypatch.chdir(tmp_path)
+    common = ["--benchmarks", "tiny", "--threads", "1"]
+    evaluate.main([*common, "--limit", "4"])
+    evaluate.main([*common, "--limit", "6"])
+    evaluate.main([*common, "--limit", "6"])  # the same again: a second file beside the first
+    names = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert names == ["eval-tiny-tiny-greedy-t48-limit4.json", "eval-tiny-tiny-greedy-t48-limit6-2.json",
+                     "eval-tiny-tiny-greedy-t48-limit6.json"]
+    assert [json.load(open(tmp_path / "runs" / n))["results"]["tiny"]["n"] for n in names] == [4, 6, 6]
+    printed = capsys.readouterr().out
+    assert "note:" not in printed  # the tiny default budget (48) fits the tiny model's context
+    with pytest.raises(SystemExit):  # an explicit --out that exists needs --overwrite
+        evaluate.main([*common, "--limit", "4", "--out", str(tmp_path / "runs" / names[0])])
+    assert "--overwrite" in capsys.readouterr().err
+
+
 def test_unknown_benchmark_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         evaluate.main(["--benchmarks", "math5000"])

@@ -3,8 +3,11 @@ import json
 import subprocess
 import sys
 
+import re
+
 import pytest
 
+import plots
 import train
 
 ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
@@ -71,6 +74,14 @@ def test_time_budget_stops_with_an_evaluation_and_a_checkpoint(base, tmp_path):
     assert (run_dir / "checkpoint" / "model.safetensors").exists()
 
 
+def same_style(got: str, expected: str) -> bool:
+    """The same colours, the opacities equal to the title's 3 decimals (the title rounds the value)."""
+    split = lambda s: (re.sub(r"\d\.\d+\)", ")", s), [float(a) for a in re.findall(r"(\d\.\d+)\)", s)])  # noqa: E731
+    (g_text, g_alpha), (e_text, e_alpha) = split(got), split(expected)
+    near_zero = max(g_alpha + e_alpha, default=0) < 0.012  # at the 1 % threshold, either is right
+    return near_zero or (g_text == e_text and all(abs(a - b) < 2e-3 for a, b in zip(g_alpha, e_alpha)))
+
+
 @pytest.mark.parametrize("method", ["ktae", "dapo+ktae", "oar-p", "oar-g"])
 def test_token_level_methods_write_heat_maps_and_concentrate_the_advantage(base, tmp_path, method):
     run_dir = tmp_path / method
@@ -80,8 +91,19 @@ def test_token_level_methods_write_heat_maps_and_concentrate_the_advantage(base,
     assert all(s["ess_ratio"] < 1 and s["top10_mass"] > 0.1 for s in steps)  # plain GRPO: 1 and ~0.1 (test_grpo)
     page = (run_dir / "heatmaps" / "step2.html").read_text()
     assert "Q:" in page and page.count('class="r"') == 8  # the question, one line per rollout of the group (G = 8)
-    assert "rgba(0,160,0," in page and "rgba(220,0,0," in page  # green and red tokens
+    assert len(re.findall(r"reward -?[\d.]+ \((?:not )?rewarded\) &middot; sequence advantage [+-]\d\.\d{3}", page)) == 8
+    assert "white-space: pre-wrap" in page
+    # every token's style is exactly the one its value calls for (in the rollouts only: the legend's swatches
+    # always hold both colours, which is why a bare "rgba(0,160,0," in page could never fail)
+    centre, scale = (1.0, 1.0) if method.startswith("oar") else (0.0, 1.0)
+    tokens = re.findall(r'<span title="([^"]*)"(?: style="([^"]*)")?>', page[page.index('<div class="r">'):])
+    assert len(tokens) > 8 and all(same_style(style, plots._style(float(v), centre, scale)) for v, style in tokens)
+    # red tokens are there (a group mixes right and wrong); green ones only where a value is above the centre by
+    # 1 % of the scale or more (this seed's KTAE group has none: its positive values are +0.007, left uncoloured)
+    assert any(style.startswith("background:rgba(220,0,0,") for _, style in tokens)
+    assert all(style.startswith("background:rgba(0,160,0,") for v, style in tokens if float(v) - centre >= 0.01)
     if method.startswith("oar"):  # coloured by weight: above 1 green, below 1 red; the answer and EOS keep 1
-        assert "OAR weights" in page and 'title="+1.000"' in page and all(s["time_advantage"] > 0 for s in steps)
+        assert "OAR weights" in page and ("+1.000", "") in tokens and all(s["time_advantage"] > 0 for s in steps)
+        assert "boxed answer and EOS keep weight 1" in page
     else:
-        assert "key-token values" in page
+        assert "key-token values" in page and "belongs to a token id across the whole group" in page
