@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import grpo
+from conftest import assert_close
 
 
 def test_g1_group_advantage_by_hand():
@@ -185,8 +186,8 @@ def test_g5_micro_batches_add_up_to_the_full_batch(mode):
                                    n_tokens=mask.sum(), **kw)
         g, = torch.autograd.grad(part, logp)
         total, g_acc = total + part.item(), g_acc + g
-    assert total == pytest.approx(full.item(), abs=1e-6)
-    assert torch.allclose(g_acc, g_full, atol=1e-6)
+    assert total == pytest.approx(full.item(), rel=1e-5, abs=1e-7)  # abs: the loss may be ~0
+    assert_close(g_acc, g_full, rel=1e-5, what="accumulated gradient")
 
 
 @pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
