@@ -74,7 +74,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
     Clamped as verl clamps it [why: one token whose log-ratio d = ref - logp is far from 0 would otherwise give
     exp(d) = inf in float32 (d > 88.7), inf * 0 = NaN in the backward, and a NaN update]: d to [-20, 20] before
-    the exp, the value to at most 10. A clamped token has zero KL gradient. k3 reaches 10 at d = 2.6 or d = -11,
+    the exp, the value to at most 10. A clamped token has zero KL gradient. k3 reaches 10 at d = 2.61 and d = -11.0,
     so the log-ratio clamp only matters where the value clamp already holds: it keeps the backward finite. Inside
     those ranges both clamps are identities on values and gradients, bit for bit.
     """
