@@ -50,6 +50,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ref-on-cpu", action="store_true", help="keep the reference model on the CPU between uses")
     p.add_argument("--eps-low", type=float, default=0.2, help="G3 clip: rho >= 1 - eps_low where A < 0")
     p.add_argument("--eps-high", type=float, default=None, help="D1 clip-higher (dapo: 0.28; default eps-low)")
+    p.add_argument("--dual-clip", type=float, default=None, metavar="C",
+                   help="G3 dual-clip: a token with A < 0 loses at most -A * C (zero gradient where rho > C); C > 1. "
+                        "Off by default, as in the GRPO and DAPO papers; verl uses 3")
     p.add_argument("--agg", default=None, choices=["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"],
                    help="G5 (grpo: seq-mean-token-mean; dapo: token-mean, D3)")
     # DAPO (dapo.py D1-D4); --method dapo turns on all but the overlong filter
@@ -143,6 +146,8 @@ def check_args(p, args):
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 0")
     if not 0 < args.eps_low < 1 or (args.eps_high is not None and not args.eps_high > 0):
         p.error(f"--eps-low {args.eps_low} / --eps-high {args.eps_high}: need 0 < eps-low < 1 and eps-high > 0")
+    if args.dual_clip is not None and not args.dual_clip > 1:  # also catches nan
+        p.error(f"--dual-clip {args.dual_clip}: must be greater than 1")
     if not 0 < args.oar_q < 1:
         p.error(f"--oar-q {args.oar_q}: O5's quantile level must lie strictly between 0 and 1")
     rule = methods.RULES[args.rule]

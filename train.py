@@ -292,6 +292,8 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int) 
     by_length = by_length[scored[by_length]]  # [n_scored]
     stats = {"policy_term": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "grad_norm": 0.0,
              "nonfinite_updates": 0}
+    if args.dual_clip is not None:
+        stats["clip_dual"] = 0.0  # logged when on, also on a step where no rollout is scored
     for _ in range(args.mu):
         optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=args.device)
@@ -304,8 +306,8 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int) 
             # normalised by the whole batch's counts (G5), so the accumulated gradient is the full batch's
             loss, st = grpo.policy_loss(
                 logp, batch["logprobs"][mb, :t], adv[mb, :t], mask[mb, :t], eps_low=args.eps_low,
-                eps_high=args.eps_high, beta=args.beta, ref_logp=None if ref_logp is None else ref_logp[mb, :t],
-                agg=args.agg, max_new_tokens=args.max_new_tokens, n_seqs=N, n_tokens=n_tokens)
+                eps_high=args.eps_high, dual_clip=args.dual_clip, beta=args.beta,
+                ref_logp=None if ref_logp is None else ref_logp[mb, :t], agg=args.agg, max_new_tokens=args.max_new_tokens, n_seqs=N, n_tokens=n_tokens)
             loss.backward()
             loss_sum += loss.detach()
             for k, v in st.items():

@@ -251,6 +251,8 @@ def test_degenerate_runs_are_warned_about():
     (["--method", "ktae", "--ktae-alpha", "0", "--ktae-beta", "0"], "--ktae-alpha 0 --ktae-beta 0"),
     (["--lr", "nan"], "--lr nan"), (["--temperature", "0"], "--temperature 0.0"), (["--mu", "0"], "--mu 0"),
     (["--overlong-buffer", "48"], "--overlong-buffer 48"), (["--resume", "--overwrite"], "--resume and --overwrite"),
+    (["--dual-clip", "1"], "--dual-clip 1.0"), (["--method", "dapo+ktae", "--ktae-alpha", "0", "--ktae-beta", "0"],
+                                               "--ktae-alpha 0 --ktae-beta 0"),
 ])
 def test_bad_flags_are_argparse_errors_naming_the_flag(capsys, flags, named):
     with pytest.raises(SystemExit) as e:

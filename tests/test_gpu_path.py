@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2
 import memory
 import models
 import tiny
+from conftest import THREADS
 from test_train import ROOT
 
 QWEN15 = dict(hidden_size=1536, num_attention_heads=12, num_key_value_heads=2, intermediate_size=8960,
@@ -32,7 +33,8 @@ def test_parameter_count_of_qwen25_15b():
 def test_dry_run_prints_the_full_size_plan_from_a_config_alone(tmp_path):
     Qwen2Config(num_hidden_layers=28, **QWEN15).save_pretrained(tmp_path)  # config.json only, no weights
     r = subprocess.run([sys.executable, "train.py", "--method", "ktae", "--model", str(tmp_path), "--dataset", "gsm8k",
-                        "--dry-run", "--max-new-tokens", "3072", "--micro-batch-size", "16", "--gpu-memory", "80"],
+                        "--dry-run", "--max-new-tokens", "3072", "--micro-batch-size", "16", "--gpu-memory", "80",
+                        "--threads", str(THREADS)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     out = r.stdout
@@ -54,7 +56,7 @@ def test_one_rl_step_of_a_two_layer_qwen15b_shape_fits_its_plan(tmp_path):
     run_dir = tmp_path / "run"
     args = ["--method", "grpo", "--model", str(tmp_path / "model"), "--steps", "1", "--prompts-per-step", "2",
             "--group-size", "2", "--max-new-tokens", "16", "--micro-batch-size", "4", "--eval-limit", "2",
-            "--eval-every", "1000", "--run-dir", str(run_dir), "--threads", "2", "--beta", "0.01"]
+            "--eval-every", "1000", "--run-dir", str(run_dir), "--threads", str(THREADS), "--beta", "0.01"]
     r = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     step = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if "time_step" in line][0]
@@ -77,7 +79,7 @@ def test_one_rl_step_of_a_two_layer_qwen15b_shape_fits_its_plan(tmp_path):
 def test_memory_flags_run_on_the_tiny_model(base, tmp_path, flags):
     import train
     train.main(["--steps", "2", "--prompts-per-step", "4", "--group-size", "4", "--eval-every", "1000",
-                "--eval-limit", "8", "--run-dir", str(tmp_path / "run"), *flags])
+                "--eval-limit", "8", "--run-dir", str(tmp_path / "run"), "--threads", str(THREADS), *flags])
     steps = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if "time_step" in line]
     assert len(steps) == 2 and all(s["peak_memory_gib"] > 0 for s in steps)
     if "--beta" in flags:
@@ -90,7 +92,8 @@ def test_training_on_a_dataset_file_reports_bad_rows(base, tmp_path, capsys):
     rows = [{"question": f"Q:{a}+{b}=?", "answer": f"#### {a + b}"} for a in range(3) for b in range(3)]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n" + json.dumps({"question": "no answer"}) + "\n")
     train.main(["--dataset", str(path), "--eval-dataset", str(path), "--steps", "1", "--prompts-per-step", "4",
-                "--group-size", "2", "--eval-every", "1000", "--run-dir", str(tmp_path / "run")])
+                "--group-size", "2", "--eval-every", "1000", "--run-dir", str(tmp_path / "run"),
+                "--threads", str(THREADS)])
     printed = capsys.readouterr()
     assert f"--dataset {path}: loaded 9 rows, skipped 1 (1 no answer)" in printed.err
     assert f"  {path}:10: no answer" in printed.err and "9 training problems" in printed.out

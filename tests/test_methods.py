@@ -148,3 +148,14 @@ def test_d2_fill_batch_keeps_b_mixed_groups_and_buffers_the_rest():
     rounds = iter([(["a"], _round([[True, True]], 1))] * 3)
     empty = dapo.fill_batch(lambda: next(rounds), 1, 2, 3, ([], []), True, 0)
     assert empty["batch"] is None and (empty["rounds"], empty["generated"]) == (3, 3)
+
+
+def test_dual_clip_reaches_the_loss_and_is_logged(base, tmp_path):
+    # --mu 2: the second update sees ratios != 1, so the clips can bind; with --dual-clip the share is logged
+    run_dir = tmp_path / "dual"
+    train.main(["--steps", "1", "--mu", "2", "--dual-clip", "3", "--run-dir", str(run_dir), *SMALL])
+    record = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if '"accuracy"' in line][0]
+    assert 0 <= record["clip_dual"] <= 1
+    plain = tmp_path / "plain"
+    train.main(["--steps", "1", "--run-dir", str(plain), *SMALL])
+    assert "clip_dual" not in [json.loads(line) for line in open(plain / "metrics.jsonl") if '"accuracy"' in line][0]
