@@ -2,7 +2,7 @@
 
     python data.py --check      # grade every benchmark's own reference solution against its gold answer
 
-The sets are published with different fields (../shared/data/README.md), so every row goes through normalise():
+The sets are published with different fields, so every row goes through normalise():
   question  <- `problem`, else `question`
   answer    <- `final_answer` (OlympiadBench: a list of LaTeX strings, $...$ removed, joined by ", ")
             <- `answer` (GSM8K: the number after "#### ", thousands commas removed; AMC23: the float 27.0 -> "27")
@@ -304,7 +304,7 @@ def load(name: str, split: str = "test", data_dir: str = DATA_DIR, limit: int = 
 
 
 def build_prompt(tokenizer, question: str) -> str:
-    """evaluation.md: the chat template with the paper's instruction as the system turn (Qwen2.5-Math's template,
+    """EQUATIONS.md#evaluation-prompt: the chat template with the paper's instruction as the system turn (Qwen2.5-Math's template,
     as the KTAE paper used) when the tokenizer has one; a base model gets the question and then the instruction."""
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": question}]

@@ -1,4 +1,4 @@
-"""Evaluation (evaluation.md): greedy pass@1, avg@k and unbiased pass@k on the papers' benchmarks.
+"""Evaluation (EQUATIONS.md#evaluation-protocol): greedy pass@1, avg@k and unbiased pass@k on the papers' benchmarks.
 
     python evaluate.py --model DIR --benchmarks math500,aime24,aime25,amc23,minerva,olympiadbench,gsm8k
     python evaluate.py --model runs/ktae-seed0/checkpoint --benchmarks tiny --k 8 --temperature 1.0 --threads 2

@@ -1,8 +1,8 @@
 """Rewards: the last \\boxed{...} of a response, checked against the gold answer by math-verify.
 
-evaluation.md: answer extraction takes the content of the last \\boxed{...} (nested braces handled, \\fbox too);
-a response without one is incorrect. Equivalence is math-verify's (parse both, verify(gold, prediction); the
-order matters), so 0.5 = \\frac12 = 1/2 and 27.0 = 27. The checker must never hang or crash a run: it never
+EQUATIONS.md#answer-extraction-and-equivalence: answer extraction takes the content of the last \\boxed{...}
+(nested braces handled, \\fbox too); a response without one is incorrect. Equivalence is math-verify's (parse
+both, verify(gold, prediction); the order matters), so 0.5 = \\frac12 = 1/2 and 27.0 = 27. The checker must never hang or crash a run: it never
 raises, its time is bounded per answer in any thread, numbers too big to compute with are never handed to sympy,
 and timeouts, unparseable gold answers and checker errors are counted in `stats`. A `}` after the box's closing
 brace that nothing opened makes the answer wrong (stats["malformed"]): `\\boxed{11}}}}}` is not 11.
@@ -291,6 +291,6 @@ def is_correct(response: str, gold: str, stats: dict = None):
 
 
 def reward(response: str, gold: str, stats: dict = None) -> float:
-    """1.0 if correct else 0.0 (grpo.md rewards). A problem with an unparseable gold answer gets 0.0 and is
+    """1.0 if correct else 0.0 (EQUATIONS.md#rewards). A problem with an unparseable gold answer gets 0.0 and is
     counted in stats['gold_unparseable']; loaders drop such rows before training (evaluate.py)."""
     return 1.0 if is_correct(response, gold, stats) else 0.0

@@ -16,7 +16,7 @@ The model has to carry two-digit intermediate results: that is where it errs, an
 The tokenizer is one token per character. It is a byte-level BPE with no merges, because a checkpoint
 directory must open with AutoTokenizer: in a directory whose config.json says model_type qwen2,
 AutoTokenizer rebuilds the Qwen2 tokenizer pipeline (byte-level pre-tokenisation) from the saved vocabulary,
-and a WordLevel character vocabulary lost every space and newline there (../shared/PITFALLS.md). Byte-level
+and a WordLevel character vocabulary lost every space and newline there. Byte-level
 symbols survive that rebuild. As in Qwen2.5 base models, pad == eos ("<|endoftext|>"): the response mask
 must therefore never be computed as `ids != pad` (that would drop the real EOS; see sample.py).
 """

@@ -1,4 +1,4 @@
-"""D1-D4 of ../shared/papers/dapo.md by hand, and dynamic sampling refilling a real batch."""
+"""D1-D4 of EQUATIONS.md#dapo by hand, and dynamic sampling refilling a real batch."""
 import json
 
 import pytest

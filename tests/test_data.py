@@ -10,7 +10,7 @@ import pytest
 import data
 import tiny
 
-# rows per file, as published (../shared/data/README.md); every one of them must load
+# rows per file, as published (the benchmark files' own README); every one of them must load
 EXPECTED = {("gsm8k", "train"): 7473, ("gsm8k", "test"): 1319, ("math500", "test"): 500, ("aime24", "test"): 30,
             ("aime25", "test"): 30, ("amc23", "test"): 40, ("minerva", "test"): 272, ("olympiadbench", "test"): 675}
 needs_data = pytest.mark.skipif(not os.path.isdir(data.DATA_DIR),

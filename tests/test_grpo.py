@@ -1,4 +1,4 @@
-"""G1-G5 of ../shared/papers/grpo.md on numbers small enough to check by hand."""
+"""G1-G5 of EQUATIONS.md#grpo on numbers small enough to check by hand."""
 import math
 
 import pytest

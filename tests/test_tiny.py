@@ -15,7 +15,7 @@ def test_task_by_hand():
 
 
 def test_checkpoint_dir_round_trips_through_auto_classes(tmp_path):
-    # ../shared/PITFALLS.md: AutoTokenizer in a qwen2 model directory must keep spaces and newlines
+    # a known trap: AutoTokenizer in a qwen2 model directory must keep spaces and newlines
     tok = tiny.build_tokenizer()
     model = tiny.build_model(tok)
     model.save_pretrained(tmp_path)
