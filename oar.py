@@ -25,6 +25,7 @@ worked example of O4-O5 with q = 0.25, beta = 1 on R = 5 tokens:
 """
 import torch
 
+import fastpath
 import sample
 
 
@@ -97,12 +98,13 @@ def _probe_columns(probe: torch.Tensor) -> int:
 
 def _probe_logits(model, attn, ids=None, embeds=None, keep: int = 1, prefix=None):
     """Logits of the last `keep` columns (the probe positions lie there): a [n, L, 151936] float32 tensor for
-    the whole sequence is never made. prefix = (kv, rows): the prompts' cache from sample.prompt_prefill and the
-    prompt of each row; ids / embeds then hold only the columns after the prompt, and sample.logits_after_prompt
+    the whole sequence is never made. prefix = (kv, rows): the prompts' cache from fastpath.prompt_prefill and the
+    prompt of each row; ids / embeds then hold only the columns after the prompt, and fastpath.logits_after_prompt
     runs them (its last layer only for the `keep` columns). Without: the model's own forward. attn: all columns."""
     if prefix is not None:
         embeds = model.get_input_embeddings()(ids) if embeds is None else embeds  # [n, S, H]
-        return sample.logits_after_prompt(model, embeds, attn, *prefix, keep)  # [n, keep, V]
+        positions = sample.position_ids(attn)  # [n, P + S]
+        return fastpath.logits_after_prompt(model, embeds, attn, positions, *prefix, keep)  # [n, keep, V]
     out = model(input_ids=ids, inputs_embeds=embeds, attention_mask=attn, position_ids=sample.position_ids(attn),
                 use_cache=False, logits_to_keep=keep)
     return out.logits  # [n, keep, V]
@@ -116,7 +118,8 @@ def _prompts_once(model, ids, attn, prompt_len: int, groups):
     if groups is None:
         return 0, None
     with torch.no_grad():
-        kv, _, rows = sample.prompt_prefill(model.get_decoder(), ids, attn, prompt_len, groups)
+        kv, _, rows = fastpath.prompt_prefill(model.get_decoder(), ids, attn, sample.position_ids(attn), prompt_len,
+                                              groups)
     return prompt_len, (kv, rows)
 
 

@@ -1,19 +1,21 @@
-"""The one sampler (train.py and evaluate.py both use it) and the scoring forward that must agree with it, plus
-the forward OAR's scores run after a prompt shared by a group (prompt_prefill, logits_after_prompt).
+"""The sampler and the scorer: train.py and evaluate.py both sample with generate(), and the loss scores the
+sampled tokens with token_logprobs(); the two must agree, token for token.
 
-generate(): batched autoregressive sampling with a KV cache.
+generate(model, prompts, n=G, ...): G rollouts of each prompt, sampled at a temperature, with a KV cache.
   * Prompts are left-padded, so every row's next token sits in the last column. Position ids come from the
-    attention mask (cumsum - 1), never from the column index, so a padded prompt sees the positions it would
-    see alone. token_logprobs() derives them the same way: otherwise the training forward scores the sampled
-    tokens at other positions than they were sampled at, and the log-probs of pi_old and pi_theta disagree.
-  * Each prompt is prefilled once, by the model's own forward, and its cache copied to its n rollouts (a group
-    shares one prompt) into buffers with room for the response.
-  * Each new token goes through decode_step(): the model's modules called one after the other, writing one
-    column of the cache (Qwen2 and Llama layouts; other models get a clear error).
-  * Rows that have emitted EOS leave the decode batch (in batches, once they are a quarter of it), so the
-    batch shrinks while the longest rows finish instead of decoding padding to the end.
+    attention mask (position_ids: cumsum - 1), never from the column index, so a padded prompt sees the
+    positions it would see alone. token_logprobs() derives them the same way: otherwise the training forward
+    scores the sampled tokens at other positions than they were sampled at, and pi_old and pi_theta disagree.
   * The log-prob of every sampled token is kept: these are log pi_old for the ratio of grpo.py G2. So is the
     entropy of the distribution it was drawn from (a metric), so that no training forward has to compute it.
+  * Rows that have emitted EOS leave the decode batch (once they are a quarter of it), so the batch shrinks
+    while the longest rows finish instead of decoding padding to the end.
+token_logprobs(model, ids, mask, P): log pi(o_t | q, o_<t) of every response token, by one forward.
+
+How it is made fast lives apart, in fastpath.py (a reader can skip it): each prompt is prefilled once by the
+model's own forward and its cache copied to its rollouts; each new token goes through fastpath.decode_step (the
+model's modules called in turn, writing one column of a preallocated cache); in token_logprobs a group's prompt
+runs once (fastpath.prompt_prefill). tests/test_fastpath.py proves each equal to the model's plain forward.
 
 Layout of what it returns (N = number of prompts * n, P = longest prompt, T = longest response):
 
@@ -29,7 +31,8 @@ the tiny world) the latter would drop the real EOS from the loss, and the model 
 """
 import torch
 from transformers import DynamicCache
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+import fastpath
 
 
 def left_pad(prompts: list, pad_id: int):
@@ -48,47 +51,6 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
 
 
-DECODABLE = ("Qwen2ForCausalLM", "LlamaForCausalLM")  # the layouts decode_step() writes out
-
-
-def decode_step(model, tokens, pos, keys, values, col: int, bias):
-    """One new token for each row through a Qwen2 / Llama decoder, the KV cache held in preallocated buffers.
-
-    tokens [A], pos [A, 1] their positions, keys and values: per layer [A, Hkv, P + T, D] with columns < col
-    filled, bias [A, col + 1] (0 where a row attends, -inf where it does not). Writes this token's keys and
-    values at column col and returns the next-token logits [A, V].
-    It is model(...) written out with the model's own modules. HF's forward also builds a mask, grows its cache by
-    torch.cat (a copy of the whole cache per step) and passes through its wrappers at every step, which on the
-    tiny default costs more than the arithmetic (about 10 % of the sampler). The training forward stays HF's, and
-    tests check that the two agree token for token and log-prob for log-prob (tests/test_sample.py).
-    """
-    decoder = model.get_decoder()
-    x = decoder.embed_tokens(tokens[:, None])  # [A, 1, H]
-    cos, sin = decoder.rotary_emb(x, pos)  # [A, 1, D] each
-    for layer, k_cache, v_cache in zip(decoder.layers, keys, values):
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)  # [A, 1, H]
-        q, k, v = (proj(h).view(len(x), -1, 1, attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)  # [A, heads, 1, D], [A, Hkv, 1, D]
-        k_cache[:, :, col], v_cache[:, :, col] = k[:, :, 0], v[:, :, 0]
-        x = x + attn.o_proj(decode_attention(q, k_cache[:, :, :col + 1], v_cache[:, :, :col + 1], bias,
-                                             attn.scaling))  # [A, 1, H]
-        x = x + layer.mlp(layer.post_attention_layernorm(x))  # [A, 1, H]
-    return model.get_output_embeddings()(decoder.norm(x))[:, -1].float()  # [A, V]
-
-
-def decode_attention(q, k, v, bias, scaling: float):
-    """Attention of one query per row as two matmuls: q [A, H, 1, D], k and v [A, Hkv, L, D], bias [A, L] (0 where
-    a row attends, -inf where it does not).
-    Query heads h*H/Hkv .. (h+1)*H/Hkv - 1 share key/value head h (grouped-query attention). Returns [A, 1, H*D].
-    (torch's SDPA kernel takes about twice as long on a CPU for a single query row.)"""
-    A, H, _, D = q.shape
-    q = q.view(A, k.shape[1], H // k.shape[1], D)  # [A, Hkv, H/Hkv, D]
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scaling  # [A, Hkv, H/Hkv, L]
-    weights = (scores + bias[:, None, None, :]).softmax(-1).to(v.dtype)  # [A, Hkv, H/Hkv, L]
-    return torch.matmul(weights, v).view(A, 1, H * D)  # [A, 1, H*D]
-
-
 DROP_SHARE = 0.25  # finished rows leave the decode batch once they are this share of it (0.05-0.5 time alike)
 
 
@@ -99,8 +61,8 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
     The log-probs are those of the distribution the token was drawn from, softmax(logits / temperature)
     (softmax(logits) when greedy); token_logprobs() with the same temperature reproduces them.
     """
-    if type(model).__name__ not in DECODABLE or getattr(model.config, "use_sliding_window", False):
-        raise ValueError(f"sample.generate decodes {' and '.join(DECODABLE)} models without sliding-window "
+    if type(model).__name__ not in fastpath.DECODABLE or getattr(model.config, "use_sliding_window", False):
+        raise ValueError(f"sample.generate decodes {' and '.join(fastpath.DECODABLE)} models without sliding-window "
                          f"attention (Qwen2.5, Qwen2.5-Math, Llama); this model is a {type(model).__name__}")
     was_training = model.training
     model.eval()
@@ -152,7 +114,7 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
                 keep = (~finished).nonzero().squeeze(1)  # [A']
                 keys, values = [k[keep] for k in keys], [v[keep] for v in values]
                 active, nxt, bias, pos, finished = active[keep], nxt[keep], bias[keep], pos[keep], finished[keep]
-            logits = decode_step(model, nxt, pos, keys, values, P + t, bias[:, :P + t + 1])  # [A, V]
+            logits = fastpath.decode_step(model, nxt, pos, keys, values, P + t, bias[:, :P + t + 1])  # [A, V]
             pos = pos + 1
     model.train(was_training)
 
@@ -199,9 +161,9 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
                          use_cache=False).last_hidden_state  # [N, P + T, H]
         h = hidden[:, P - 1:-1]  # [N, T, H]
     else:
-        kv, prompt, row_group = prompt_prefill(decoder, input_ids, attention_mask, P, groups)  # prompt [U, P, H]
+        kv, prompt, row_group = fastpath.prompt_prefill(decoder, input_ids, attention_mask, pos, P, groups)  # prompt [U, P, H]
         response = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=pos[:, P:],
-                           past_key_values=cache_for(kv, row_group), use_cache=True).last_hidden_state  # [N, T, H]
+                           past_key_values=fastpath.cache_for(kv, row_group), use_cache=True).last_hidden_state  # [N, T, H]
         h = torch.cat([prompt[row_group, -1:], response[:, :-1]], dim=1)  # [N, T, H]
     N, T = h.shape[:2]
     h, targets = h.reshape(N * T, -1), input_ids[:, prompt_len:].reshape(N * T)  # [N*T, H], [N*T]
@@ -214,69 +176,6 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
         else:
             logp.append(_chunk_logprobs(*args))
     return torch.cat(logp).view(N, T)  # [N, T]
-
-
-def prompt_prefill(decoder, input_ids, attention_mask, prompt_len: int, groups: torch.Tensor):
-    """The forward of each distinct prompt, once. Rows with the same value in groups [N] share their first
-    prompt_len columns (a GRPO group). Returns kv, a (keys, values) pair [U, Hkv, P, D] per layer for the U
-    distinct prompts, their hidden states [U, P, H] and row_group [N], which of them each row has. A prompt
-    token's activations never depend on the tokens after it (causal attention), so every row gets exactly what
-    its own forward would give. decoder: the model without its output layer (model.get_decoder())."""
-    P = prompt_len
-    uniq, row_group = torch.unique(groups, return_inverse=True)  # [U], [N] which prompt each row has
-    first = torch.zeros(len(uniq), dtype=torch.long, device=groups.device).scatter_(
-        0, row_group, torch.arange(len(groups), device=groups.device))  # [U] a row of each group (any one)
-    if not torch.equal(input_ids[first][row_group, :P], input_ids[:, :P]):
-        raise ValueError("prompt_prefill: rows of the same group have different prompts")
-    cache = DynamicCache()
-    hidden = decoder(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
-                     position_ids=position_ids(attention_mask[first, :P]), past_key_values=cache,
-                     use_cache=True).last_hidden_state  # [U, P, H]
-    return [(layer.keys, layer.values) for layer in cache.layers], hidden, row_group
-
-
-def cache_for(kv, rows: torch.Tensor) -> DynamicCache:
-    """A cache holding, for each of the rows [n], the prompt kv[rows] (a gather: gradients flow back through
-    it), for a forward over the columns after the prompt. Each forward appends to its cache: make one per use."""
-    return DynamicCache(ddp_cache_data=[(k[rows], v[rows]) for k, v in kv])
-
-
-def logits_after_prompt(model, embeds, attention_mask, kv, rows: torch.Tensor, keep: int):
-    """Logits [n, keep, V] of the last `keep` columns of prompt + embeds, the prompts' keys and values taken
-    from prompt_prefill: kv, and rows [n] (which prompt each row has). embeds [n, S, H] are the input embeddings
-    of the S columns after the prompt; attention_mask [n, P + S] covers all columns, and pads may sit anywhere.
-
-    It is the model's forward written out with its own modules, as decode_step is, for a saving HF's forward
-    cannot make: in the last layer only the `keep` columns need a query, an attention output and an MLP; the
-    other columns give that layer only their keys and values. OAR reads the logits of 1-3 columns out of about 22
-    on the tiny world, so this is about a fifth of each pass by a count of matrix products (and HF's mask and cache
-    handling go too): OAR-G's scoring took 25 % less time than through HF's forward, in an interleaved A/B.
-    Tests check it against HF's forward (tests/test_oar.py). Qwen2 and Llama layouts only, as decode_step.
-    """
-    if type(model).__name__ not in DECODABLE:
-        raise ValueError(f"logits_after_prompt runs {' and '.join(DECODABLE)} models; this is a {type(model).__name__}")
-    decoder = model.get_decoder()
-    n, S, _ = embeds.shape
-    P = attention_mask.shape[1] - S
-    cos, sin = decoder.rotary_emb(embeds, position_ids(attention_mask)[:, P:])  # [n, S, D] each
-    # column P + i sees the columns up to itself that are not padding: [n, 1, S, P + S]
-    visible = (torch.ones(S, P + S, dtype=torch.bool, device=embeds.device).tril(P)[None, None]
-               & attention_mask[:, None, None, :].bool())
-    x = embeds  # [n, S, H]
-    for i, layer in enumerate(decoder.layers):
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)  # [n, S, H]
-        q, k, v = (proj(h).view(n, S, -1, attn.head_dim).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj,
-                                                                                      attn.v_proj))
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)  # [n, heads, S, D], [n, Hkv, S, D]
-        k, v = torch.cat([kv[i][0][rows], k], 2), torch.cat([kv[i][1][rows], v], 2)  # [n, Hkv, P + S, D] each
-        if i == len(decoder.layers) - 1:  # the last layer needs every column's keys and values, the rest for `keep`
-            q, x, visible = q[:, :, -keep:], x[:, -keep:], visible[:, :, -keep:]
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=attn.scaling,
-                                                               enable_gqa=True)  # [n, heads, S or keep, D]
-        x = x + attn.o_proj(out.transpose(1, 2).reshape(n, x.shape[1], -1))  # [n, S or keep, H]
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return model.get_output_embeddings()(decoder.norm(x))  # [n, keep, V]
 
 
 def _chunk_logprobs(head, h, targets, temperature):

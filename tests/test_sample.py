@@ -1,7 +1,7 @@
-"""sample.py: the sampler against model.generate, and its log-probs against the training forward."""
+"""sample.py: the sampler's log-probs against the training forward, masks, padding, chunked scoring.
+(The written-out forwards against the model's own: tests/test_fastpath.py.)"""
 import random
 
-import pytest
 import torch
 
 import sample
@@ -12,22 +12,6 @@ from conftest import assert_close
 def prompts(tok, n, seed=0):
     qs = tiny.train_problems(random.Random(seed), n, set(tiny.eval_problems()))
     return [tok(tiny.prompt(q))["input_ids"] for q in qs]  # different lengths -> left padding
-
-
-def test_greedy_matches_model_generate(base):
-    model, tok = base
-    ps = prompts(tok, 12)
-    ours = sample.generate(model, ps, max_new_tokens=40, temperature=0.0, eos_id=tok.eos_token_id,
-                           pad_id=tok.pad_token_id)
-    ids, mask = sample.left_pad(ps, tok.pad_token_id)
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40, do_sample=False,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[:, ids.shape[1]:]
-    P = ours["prompt_len"]
-    lengths = ours["response_mask"].sum(-1)
-    assert len(set(lengths.tolist())) > 1, "rows of different lengths are the point of this test"
-    for i in range(len(ps)):
-        n = lengths[i]
-        assert ours["input_ids"][i, P:P + n].tolist() == ref[i, :n].tolist()
 
 
 def test_sampled_logprobs_equal_the_training_forward(base):
@@ -127,67 +111,3 @@ def test_chunked_logprobs_equal_the_full_vocabulary_forward_with_gradients(base)
     assert_close(out["entropy"], ref_entropy.detach(), rel=1e-5, what="entropies")
     assert_grads_close(grads_of(model), ref_grads, rel=1e-5, what="chunked")
     model.zero_grad(set_to_none=True)
-
-
-def shared_prompt_case(model, tok, seed):
-    """Rollouts of 5 prompts x 3, 10 of them in a shuffled order: groups of 1 to 3 rows, prompts of different
-    lengths (left padding), as train.py's length-sorted micro-batches give them."""
-    torch.manual_seed(seed)
-    out = sample.generate(model, prompts(tok, 5, seed=5 + seed), n=3, max_new_tokens=30, temperature=1.0,
-                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    rows = torch.tensor([7, 0, 2, 11, 4, 3, 9, 14, 12, 13])  # groups 2, 0, 0, 3, 1, 1, 3, 4, 4, 4
-    return out["input_ids"][rows], out["attention_mask"][rows], out["prompt_len"], out["response_mask"][rows], rows // 3
-
-
-def shared_and_plain(model, ids, attn, P, m, groups):
-    """log-probs and gradients of sum(m * logp), by the plain forward and by the shared-prompt one."""
-    res = []
-    for g in (None, groups):
-        logp = sample.token_logprobs(model, ids, attn, P, groups=g)
-        (logp * m.to(logp.dtype)).sum().backward()
-        res.append((logp.detach() * m, grads_of(model)))
-        model.zero_grad(set_to_none=True)
-    return res
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-def test_shared_prompts_give_the_same_logprobs_and_gradients_in_float64(base, float64_exact, seed):
-    # groups=: each prompt runs once and its cache is copied to its rollouts; rows come in any order and groups
-    # of any size. Mathematically the two forwards are the same function, so in float64 they agree to rounding
-    # (3e-14 of the gradients' scale, over seeds 0-7, perturbed and sharpened models, 1 and 2 threads). The only
-    # place where they compute differently is the prompt of a group of 2 or more rows: the shared forward sums
-    # the rows' gradients at the prompt's keys and values, the plain one at the parameters; a row alone gives
-    # bit-identical gradients. float64_exact: HF's RMSNorm and the log-prob head compute in float64 too.
-    import copy
-    model, tok = base
-    ids, attn, P, m, groups = shared_prompt_case(model, tok, seed)
-    assert groups.bincount().tolist() == [2, 2, 1, 2, 3] and len(set(attn[:, :P].sum(-1).tolist())) > 1
-    model64 = copy.deepcopy(model).double()
-    (plain, g_plain), (shared, g_shared) = shared_and_plain(model64, ids, attn, P, m, groups)
-    assert_close(shared, plain, rel=1e-10, what="log-probs")
-    assert_grads_close(g_shared, g_plain, rel=1e-10, what="float64")
-
-
-def test_shared_prompts_give_the_same_logprobs_and_gradients(base):
-    # The same in float32, the dtype of training. Float32 rounding, relative to the scale of all the gradients:
-    # 1e-6 on the tiny model here, up to 5e-5 on a model with sharpened attention and output (q_proj x 4, final
-    # norm x 3: saturated softmaxes, whose backward cancels). A real difference (a row's or a group's gradient
-    # lost or counted twice) moves them by a share of their size: 1e-3 separates the two; the float64 test above
-    # checks the identity itself.
-    model, tok = base
-    ids, attn, P, m, groups = shared_prompt_case(model, tok, 0)
-    (plain, g_plain), (shared, g_shared) = shared_and_plain(model, ids, attn, P, m, groups)
-    assert_close(shared, plain, rel=1e-5, what="log-probs")
-    assert_grads_close(g_shared, g_plain, rel=1e-3, what="float32")
-    with pytest.raises(ValueError, match="different prompts"):
-        sample.token_logprobs(model, ids, attn, P, groups=torch.zeros(len(ids), dtype=torch.long))
-
-
-def test_unsupported_layouts_get_a_clear_error():
-    from transformers import GPT2Config, GPT2LMHeadModel
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10))
-    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
-        sample.generate(model, [[1, 2]], max_new_tokens=2, temperature=0.0, eos_id=0, pad_id=0)
-    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
-        sample.logits_after_prompt(model, torch.zeros(1, 2, 8), torch.ones(1, 3, dtype=torch.long), [], torch.zeros(
-            1, dtype=torch.long), keep=1)
