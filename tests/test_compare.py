@@ -11,8 +11,7 @@ from conftest import THREADS
 def test_compare_two_methods_writes_plots_and_a_table_from_the_metrics(base, tmp_path, capsys):
     out = str(tmp_path / "cmp")
     args = ["--methods", "grpo,ktae", "--seeds", "0", "--steps", "3", "--eval-every", "3", "--out", out,
-            "--", "--prompts-per-step", "4", "--group-size", "4", "--eval-limit", "16",
-            "--threads", str(THREADS)]
+            "--threads", str(THREADS), "--", "--prompts-per-step", "4", "--group-size", "4", "--eval-limit", "16"]
     compare.main(args)
     for name in compare.PLOTS:
         assert os.path.getsize(os.path.join(out, name)) > 1000  # a PNG was drawn
