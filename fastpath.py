@@ -61,10 +61,11 @@ def decode_attention(q, k, v, bias, scaling: float):
 
 def prompt_prefill(decoder, input_ids, attention_mask, positions, prompt_len: int, groups: torch.Tensor):
     """The forward of each distinct prompt, once. Rows with the same value in groups [N] share their first
-    prompt_len columns (a GRPO group); positions [N, P + T] as sample.position_ids gives them. Returns kv, a (keys, values) pair [U, Hkv, P, D] per layer for the U
-    distinct prompts, their hidden states [U, P, H] and row_group [N], which of them each row has. A prompt
-    token's activations never depend on the tokens after it (causal attention), so every row gets exactly what
-    its own forward would give. decoder: the model without its output layer (model.get_decoder())."""
+    prompt_len columns (a GRPO group); positions [N, P + T] as sample.position_ids gives them. Returns kv, a
+    (keys, values) pair [U, Hkv, P, D] per layer for the U distinct prompts, their hidden states [U, P, H] and
+    row_group [N], which of them each row has. A prompt token's activations never depend on the tokens after it
+    (causal attention), so every row gets exactly what its own forward would give. decoder: the model without its
+    output layer (model.get_decoder())."""
     P = prompt_len
     uniq, row_group = torch.unique(groups, return_inverse=True)  # [U], [N] which prompt each row has
     first = torch.zeros(len(uniq), dtype=torch.long, device=groups.device).scatter_(
@@ -95,7 +96,8 @@ def logits_after_prompt(model, embeds, attention_mask, positions, kv, rows: torc
     other columns give that layer only their keys and values. OAR reads the logits of 1-3 columns out of about 22
     on the tiny world, so this is about a fifth of each pass by a count of matrix products (and HF's mask and cache
     handling go too): OAR-G's scoring took 25 % less time than through HF's forward, in an interleaved A/B.
-    Tests check it against HF's forward (tests/test_oar.py, tests/test_fastpath.py). Qwen2 and Llama layouts only, as decode_step.
+    tests/test_oar.py checks OAR's scores through it against HF's forward; tests/test_fastpath.py its error for
+    other layouts. Qwen2 and Llama layouts only, as decode_step.
     """
     if type(model).__name__ not in DECODABLE:
         raise ValueError(f"logits_after_prompt runs {' and '.join(DECODABLE)} models; this is a {type(model).__name__}")
