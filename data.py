@@ -304,8 +304,8 @@ def load(name: str, split: str = "test", data_dir: str = DATA_DIR, limit: int = 
 
 
 def build_prompt(tokenizer, question: str) -> str:
-    """EQUATIONS.md#evaluation-prompt: the chat template with the paper's instruction as the system turn (Qwen2.5-Math's template,
-    as the KTAE paper used) when the tokenizer has one; a base model gets the question and then the instruction."""
+    """EQUATIONS.md#evaluation-prompt: the chat template with the paper's instruction as the system turn
+    (Qwen2.5-Math's template, as the KTAE paper used) when the tokenizer has one; a base model gets the question and then the instruction."""
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": question}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

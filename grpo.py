@@ -141,7 +141,8 @@ def policy_loss(logp, old_logp, adv, mask, *, eps_low=0.2, eps_high=None, dual_c
 
 
 def advantage_concentration(adv: torch.Tensor, mask: torch.Tensor, adv_seq: torch.Tensor) -> dict:
-    """O7 of EQUATIONS.md#o7--advantage-concentration-diagnostics, kept here because every method logs it (GRPO, KTAE, OAR alike).
+    """O7 of EQUATIONS.md#o7--advantage-concentration-diagnostics, kept here because every method logs it (GRPO,
+    KTAE, OAR alike).
 
     Per rollout, over its valid tokens, with a_t = |A_{i,t}| and T its length:
         ESS-ratio    = (sum_t a_t)^2 / (T sum_t a_t^2)        in [1/T, 1]; plain GRPO gives 1

@@ -80,8 +80,9 @@ def key_tokens(batch, rewards, mask, ctx) -> TokenAdvantages:
     """KTAE: K1-K6 give each (group, token id) a key-token value; K7 adds it to A_i."""
     a, seq = ctx.args, sequence_advantages(rewards, ctx)  # [N]
     special = (ctx.tokenizer.pad_token_id, ctx.tokenizer.eos_token_id)  # never key tokens
-    values, _ = ktae.token_values(batch["input_ids"][:, batch["prompt_len"]:], mask, rewards, special_ids=special,
-                                  alpha=a.ktae_alpha, beta=a.ktae_beta, top=a.ktae_top, use_tf=not a.ktae_no_tf)  # [N, T]
+    resp = batch["input_ids"][:, batch["prompt_len"]:]  # [N, T]
+    values, _ = ktae.token_values(resp, mask, rewards, special_ids=special, alpha=a.ktae_alpha, beta=a.ktae_beta,
+                                  top=a.ktae_top, use_tf=not a.ktae_no_tf)  # [N, T] K1-K6
     return TokenAdvantages(ktae.token_advantages(seq, values, mask), seq, values)  # [N, T]
 
 

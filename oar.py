@@ -272,7 +272,7 @@ def token_weights(model, prompts: list, responses: list, pieces: list, answers: 
 
 def batch_weights(model, batch: dict, answers: list, cue: list, adv_seq, tokenizer, pieces: dict, *, scorer: str,
                   probe: str, q: float, beta: float, sigma: float, chunk: int):
-    """token_weights for a batch of sample.generate(): weights [N, T]. Each rollout's inputs come from its sampled
+    """O1-O5 (token_weights) for a batch of sample.generate(): weights [N, T]. Each rollout's inputs come from its sampled
     ids: the prompt's tokens (padding removed), the response before the EOS, and each token's decoded text for the
     spans (pieces caches token id -> text across steps). answers: the gold answer's ids and "}" per rollout; cue:
     the conclude cue's ids; adv_seq [N]. The spans need per-row lengths, hence Python lists from here on."""

@@ -3,8 +3,8 @@
 EQUATIONS.md#answer-extraction-and-equivalence: answer extraction takes the content of the last \\boxed{...}
 (nested braces handled, \\fbox too); a response without one is incorrect. Equivalence is math-verify's (parse
 both, verify(gold, prediction); the order matters), so 0.5 = \\frac12 = 1/2 and 27.0 = 27.
-The checker must never hang or crash a run: it never raises, its time is bounded per answer in any thread, numbers too big to compute with are never handed to sympy,
-and timeouts, unparseable gold answers and checker errors are counted in `stats`. A `}` after the box's closing
+The checker must never hang or crash a run: it never raises, its time is bounded per answer in any thread,
+numbers too big to compute with are never handed to sympy, and timeouts, unparseable gold answers and checker errors are counted in `stats`. A `}` after the box's closing
 brace that nothing opened makes the answer wrong (stats["malformed"]): `\\boxed{11}}}}}` is not 11.
 """
 import contextlib

@@ -151,11 +151,13 @@ def test_d2_fill_batch_keeps_b_mixed_groups_and_buffers_the_rest():
 
 
 def test_dual_clip_reaches_the_loss_and_is_logged(base, tmp_path):
-    # --mu 2: the second update sees ratios != 1, so the clips can bind; with --dual-clip the share is logged
+    # --mu 2 at a high learning rate: the second update sees ratios far from 1, so with c = 1.01 some
+    # negative-advantage token has rho > c and the bound binds (clip_dual > 0); without the flag nothing is logged
     run_dir = tmp_path / "dual"
-    train.main(["--steps", "1", "--mu", "2", "--dual-clip", "3", "--run-dir", str(run_dir), *SMALL])
+    train.main(["--steps", "1", "--mu", "2", "--lr", "1e-2", "--warmup-steps", "0", "--dual-clip", "1.01",
+                "--run-dir", str(run_dir), *SMALL])
     record = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if '"accuracy"' in line][0]
-    assert 0 <= record["clip_dual"] <= 1
+    assert 0 < record["clip_dual"] <= 1
     plain = tmp_path / "plain"
     train.main(["--steps", "1", "--run-dir", str(plain), *SMALL])
     assert "clip_dual" not in [json.loads(line) for line in open(plain / "metrics.jsonl") if '"accuracy"' in line][0]
