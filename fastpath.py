@@ -2,23 +2,72 @@
 a test proves it (tests/test_fastpath.py, tests/test_oar.py). A reader can skip this file: sample.py says what
 the sampler and the scorer do; this is how two of their forwards are made fast, and OAR's.
 
-    decode_step          one token for each row with the KV cache in preallocated buffers (sample.generate);
-                         equals model(...) with HF's cache, token for token and log-prob for log-prob
+    decode_step          one token for each row with the KV cache in preallocated buffers (sample.generate,
+                         through Decoder); equals model(...) with HF's cache, token for token and log-prob for log-prob
     decode_attention     its attention for one query row, as two matmuls
     prompt_prefill       each distinct prompt of a batch run once (a GRPO group shares one); with cache_for its
                          keys and values are copied to the group's rows (sample.token_logprobs, OAR's scores):
                          equals each row's own forward, log-probs and gradients (in float64 to 1e-10)
     logits_after_prompt  the forward after a shared prompt, the last layer run only for the columns read (OAR)
 
-Qwen2 and Llama layouts only (DECODABLE); other models get a clear error. This module imports nothing of the
-project: the callers pass position ids in (sample.position_ids), so the arrows point one way.
+Which model goes which way (any other model takes the plain path, the model's own forward, in sample.py / oar.py):
+
+    decodes(model)        decode_step and logits_after_prompt: Qwen2 and Llama layouts (DECODABLE) without sliding
+                          windows, the modules these two call by name in that order (rotary embedding, pre-norms)
+    shares_prompts(model) prompt_prefill and cache_for: any model whose cache is plain full-attention layers (no
+                          sliding window, no recurrent state), since they copy whole key/value tensors between rows
+
+This module imports nothing of the project: the callers pass position ids in (sample.position_ids), so the arrows
+point one way.
 """
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 
 DECODABLE = ("Qwen2ForCausalLM", "LlamaForCausalLM")  # the layouts decode_step() writes out
+
+
+def decodes(model) -> bool:
+    """Whether decode_step and logits_after_prompt compute this model's forward: a Qwen2 or Llama layout with full
+    attention (they attend to every column; a sliding window would need a mask they do not build)."""
+    return type(model).__name__ in DECODABLE and not getattr(model.config, "use_sliding_window", False)
+
+
+def shares_prompts(model) -> bool:
+    """Whether prompt_prefill and cache_for give this model's forward: every layer of the cache the model would
+    make is a plain full-attention DynamicLayer, keys and values [N, Hkv, L, D] that a row gather copies whole.
+    A sliding-window layer (Gemma2, Mistral) or a recurrent state holds something else."""
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+
+
+class Decoder:
+    """sample.generate's decode through decode_step: the prompts' cache (the model's own, after its prefill of
+    each prompt once) copied to the n rollouts of each, in buffers with room for the response, so that a step
+    writes one column instead of copying the cache. Same interface as sample.OwnDecoder: keep(rows) drops rows
+    from the batch, decoder(nxt, pos) returns the next logits [A, V]."""
+
+    def __init__(self, model, cache, mask, n: int, max_new_tokens: int):
+        N, P = len(mask) * n, mask.shape[1]
+        self.keys, self.values = [], []
+        for layer in cache.layers:
+            for kv, out_list in ((layer.keys, self.keys), (layer.values, self.values)):
+                buf = kv.new_empty((N, kv.shape[1], P + max_new_tokens, kv.shape[3]))  # [N, Hkv, P + T, D]
+                buf[:, :, :P] = kv.repeat_interleave(n, 0)
+                out_list.append(buf)  # the columns a row has not reached are never read
+        self.bias = torch.zeros((N, P + max_new_tokens), device=mask.device)  # [N, P + T] added to the scores
+        self.bias[:, :P].masked_fill_(mask.repeat_interleave(n, 0) == 0, float("-inf"))  # the prompts' padding
+        self.model, self.col = model, P  # col: the column the next token's keys and values go to
+
+    def keep(self, rows: torch.Tensor):
+        self.keys, self.values = [k[rows] for k in self.keys], [v[rows] for v in self.values]
+        self.bias = self.bias[rows]
+
+    def __call__(self, nxt: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        logits = decode_step(self.model, nxt, pos, self.keys, self.values, self.col, self.bias[:, :self.col + 1])
+        self.col += 1
+        return logits  # [A, V]
 
 
 def decode_step(model, tokens, pos, keys, values, col: int, bias):
@@ -97,9 +146,10 @@ def logits_after_prompt(model, embeds, attention_mask, positions, kv, rows: torc
     on the tiny world, so this is about a fifth of each pass by a count of matrix products (and HF's mask and cache
     handling go too): OAR-G's scoring took 25 % less time than through HF's forward, in an interleaved A/B.
     tests/test_oar.py checks OAR's scores through it against HF's forward; tests/test_fastpath.py its error for
-    other layouts. Qwen2 and Llama layouts only, as decode_step.
+    other layouts. Qwen2 and Llama layouts only (decodes), as decode_step; oar.py runs other models through their
+    own forward.
     """
-    if type(model).__name__ not in DECODABLE:
+    if not decodes(model):
         raise ValueError(f"logits_after_prompt runs {' and '.join(DECODABLE)} models; this is a {type(model).__name__}")
     decoder = model.get_decoder()
     n, S, _ = embeds.shape

@@ -100,13 +100,18 @@ def _probe_logits(model, attn, ids=None, embeds=None, keep: int = 1, prefix=None
     """Logits of the last `keep` columns (the probe positions lie there): a [n, L, 151936] float32 tensor for
     the whole sequence is never made. prefix = (kv, rows): the prompts' cache from fastpath.prompt_prefill and the
     prompt of each row; ids / embeds then hold only the columns after the prompt, and fastpath.logits_after_prompt
-    runs them (its last layer only for the `keep` columns). Without: the model's own forward. attn: all columns."""
-    if prefix is not None:
+    runs them (its last layer only for the `keep` columns) where fastpath.decodes(model), the model's own forward
+    over a copy of the prompts' cache (fastpath.cache_for) elsewhere. Without: the model's own forward over all
+    columns. attn: all columns."""
+    positions = sample.position_ids(attn)  # [n, L]
+    if prefix is not None and fastpath.decodes(model):
         embeds = model.get_input_embeddings()(ids) if embeds is None else embeds  # [n, S, H]
-        positions = sample.position_ids(attn)  # [n, P + S]
         return fastpath.logits_after_prompt(model, embeds, attn, positions, *prefix, keep)  # [n, keep, V]
-    out = model(input_ids=ids, inputs_embeds=embeds, attention_mask=attn, position_ids=sample.position_ids(attn),
-                use_cache=False, logits_to_keep=keep)
+    cache, P = None, 0
+    if prefix is not None:
+        cache, P = fastpath.cache_for(*prefix), attn.shape[1] - (ids if embeds is None else embeds).shape[1]
+    out = model(input_ids=ids, inputs_embeds=embeds, attention_mask=attn, position_ids=positions[:, P:],
+                past_key_values=cache, use_cache=cache is not None, logits_to_keep=keep)
     return out.logits  # [n, keep, V]
 
 
@@ -114,8 +119,9 @@ def _prompts_once(model, ids, attn, prompt_len: int, groups):
     """(P, prefix) for _probe_logits: with groups [n] (rows sharing a prompt, which fills the first prompt_len
     columns) each prompt runs once, without gradients, and the forwards cover only the columns after it. Nothing
     the scores depend on flows into a prompt (the perturbations and the noise are on the reasoning after it, and
-    attention is causal), so the scores are those of the plain forward (tested). Without groups: (0, None)."""
-    if groups is None:
+    attention is causal), so the scores are those of the plain forward (tested). Without groups, or for a model
+    whose cache is not plain full attention (fastpath.shares_prompts): (0, None)."""
+    if groups is None or not fastpath.shares_prompts(model):
         return 0, None
     with torch.no_grad():
         kv, _, rows = fastpath.prompt_prefill(model.get_decoder(), ids, attn, sample.position_ids(attn), prompt_len,

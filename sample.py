@@ -1,7 +1,10 @@
 """The sampler and the scorer: train.py and evaluate.py both sample with generate(), and the loss scores the
 sampled tokens with token_logprobs(); the two must agree, token for token.
 
-generate(model, prompts, n=G, ...): G rollouts of each prompt, sampled at a temperature, with a KV cache.
+generate(model, prompts, n=G, ...): G rollouts of each prompt, sampled at a temperature, with a KV cache. Any
+  Hugging Face causal LM: each prompt goes once through the model's own forward, which makes the model's own
+  cache, and each new token through it again (OwnDecoder). The cache class, sliding windows, position embeddings
+  and the final logit transform (Gemma2's soft-capping) are then the model's business.
   * Prompts are left-padded, so every row's next token sits in the last column. Position ids come from the
     attention mask (position_ids: cumsum - 1), never from the column index, so a padded prompt sees the
     positions it would see alone. token_logprobs() derives them the same way: otherwise the training forward
@@ -12,10 +15,12 @@ generate(model, prompts, n=G, ...): G rollouts of each prompt, sampled at a temp
     while the longest rows finish instead of decoding padding to the end.
 token_logprobs(model, ids, mask, P): log pi(o_t | q, o_<t) of every response token, by one forward.
 
-How it is made fast lives apart, in fastpath.py (a reader can skip it): each prompt is prefilled once by the
-model's own forward and its cache copied to its rollouts; each new token goes through fastpath.decode_step (the
-model's modules called in turn, writing one column of a preallocated cache); in token_logprobs a group's prompt
-runs once (fastpath.prompt_prefill). tests/test_fastpath.py proves each equal to the model's plain forward.
+How it is made fast lives apart, in fastpath.py (a reader can skip it): for Qwen2 and Llama layouts
+(fastpath.decodes, the tiny model among them) each new token goes through fastpath.decode_step (the model's modules
+called in turn, writing one column of a preallocated cache) instead of OwnDecoder; in token_logprobs a group's
+prompt runs once (fastpath.prompt_prefill) where the model's cache is plain full attention (fastpath.shares_prompts).
+tests/test_fastpath.py proves each equal to the model's plain forward, tests/test_archs.py the plain path on other
+architectures equal to model.generate and to the model's forward.
 
 Layout of what it returns (N = number of prompts * n, P = longest prompt, T = longest response):
 
@@ -30,7 +35,6 @@ The response mask is built from where EOS was sampled, not from `ids != pad`: wi
 the tiny world) the latter would drop the real EOS from the loss, and the model would never learn to stop.
 """
 import torch
-from transformers import DynamicCache
 
 import fastpath
 
@@ -53,23 +57,48 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 DROP_SHARE = 0.25  # finished rows leave the decode batch once they are this share of it (0.05-0.5 time alike)
 
+# Config fields of transformers' causal LMs that transform the output layer's result (soft-capping, a scale, a
+# vocabulary cut): where one is set, logits != output_embeddings(hidden) and token_logprobs takes the model's logits.
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier",
+                    "lm_head_multiplier", "unpadded_vocab_size")
+
+
+class OwnDecoder:
+    """The plain decode, for any causal LM: each new token through the model's own forward, which appends its keys
+    and values (or whatever state the model keeps) to the model's own cache. cache: the cache of the prefill of
+    each prompt once, mask [B, P] its attention mask; both are repeated for the n rollouts of each prompt.
+    keep(rows) drops rows from the batch, decoder(nxt, pos) returns the next logits [A, V]."""
+
+    def __init__(self, model, cache, mask, n: int, max_new_tokens: int):
+        cache.batch_repeat_interleave(n)  # rows of a prompt's rollouts consecutive, as the logits
+        self.model, self.cache, self.mask = model, cache, mask.repeat_interleave(n, 0)  # mask [N, P]
+
+    def keep(self, rows: torch.Tensor):
+        self.cache.batch_select_indices(rows)
+        self.mask = self.mask[rows]
+
+    def __call__(self, nxt: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(nxt), 1))], 1)  # [A, P + t + 1] this token too
+        out = self.model(input_ids=nxt[:, None], attention_mask=self.mask, position_ids=pos,
+                         past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1].float()  # [A, V]
+
 
 def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperature: float, eos_id: int,
-             pad_id: int) -> dict:
+             pad_id: int, fast: bool = None) -> dict:
     """Sample n completions for each prompt (token-id lists). temperature 0 means greedy.
 
     The log-probs are those of the distribution the token was drawn from, softmax(logits / temperature)
     (softmax(logits) when greedy); token_logprobs() with the same temperature reproduces them.
+    fast: None decodes through fastpath.Decoder where fastpath.decodes(model), else OwnDecoder; False forces
+    OwnDecoder (the tests compare the two).
     """
-    if type(model).__name__ not in fastpath.DECODABLE or getattr(model.config, "use_sliding_window", False):
-        raise ValueError(f"sample.generate decodes {' and '.join(fastpath.DECODABLE)} models without sliding-window "
-                         f"attention (Qwen2.5, Qwen2.5-Math, Llama); this model is a {type(model).__name__}")
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     ids, mask = left_pad(prompts, pad_id)
     ids, mask = ids.to(device), mask.to(device)
-    N, P = len(prompts) * n, ids.shape[1]
+    N = len(prompts) * n
     tokens = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)  # [N, T]
     logprobs = torch.zeros((N, max_new_tokens), device=device)  # [N, T]
     entropy = torch.zeros((N, max_new_tokens), device=device)  # [N, T]
@@ -78,21 +107,13 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
     # time on the tiny default). What it creates can never enter autograd, so it only writes into the buffers above,
     # which the loss later uses.
     with torch.inference_mode():
-        cache = DynamicCache()  # the prompts go through the model's own forward, once per prompt
-        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
+        # the prompts go through the model's own forward, once per prompt; the model makes its own cache
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
+                    logits_to_keep=1)
         logits = out.logits[:, -1].float().repeat_interleave(n, 0)  # [N, V]
-        # Each prompt's cache, copied to its n rollouts, in buffers with room for the response: a decode step
-        # writes one column instead of copying the cache. The columns a row has not reached are never read.
-        keys, values = [], []
-        for layer in cache.layers:
-            for kv, out_list in ((layer.keys, keys), (layer.values, values)):
-                buf = kv.new_empty((N, kv.shape[1], P + max_new_tokens, kv.shape[3]))  # [N, Hkv, P + T, D]
-                buf[:, :, :P] = kv.repeat_interleave(n, 0)
-                out_list.append(buf)
+        use_fast = fastpath.decodes(model) and fast is not False
+        decoder = (fastpath.Decoder if use_fast else OwnDecoder)(model, out.past_key_values, mask, n, max_new_tokens)
         pos = mask.sum(-1, keepdim=True).repeat_interleave(n, 0)  # [N, 1] position of the first response token
-        bias = torch.zeros((N, P + max_new_tokens), device=device)  # [N, P + T] added to the attention scores
-        bias[:, :P].masked_fill_(mask.repeat_interleave(n, 0) == 0, float("-inf"))  # the prompts' left padding
         active = torch.arange(N, device=device)  # [A] rows in the decode batch
         finished = torch.zeros(N, dtype=torch.bool, device=device)  # [A] rows of the batch that have emitted EOS
         for t in range(max_new_tokens):
@@ -112,9 +133,9 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
             # for nothing. What a finished row decodes meanwhile lies past its length and is masked out below.
             if finished.sum() >= DROP_SHARE * len(active):
                 keep = (~finished).nonzero().squeeze(1)  # [A']
-                keys, values = [k[keep] for k in keys], [v[keep] for v in values]
-                active, nxt, bias, pos, finished = active[keep], nxt[keep], bias[keep], pos[keep], finished[keep]
-            logits = fastpath.decode_step(model, nxt, pos, keys, values, P + t, bias[:, :P + t + 1])  # [A, V]
+                decoder.keep(keep)
+                active, nxt, pos, finished = active[keep], nxt[keep], pos[keep], finished[keep]
+            logits = decoder(nxt, pos)  # [A, V]
             pos = pos + 1
     model.train(was_training)
 
@@ -152,21 +173,32 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
     The output layer runs `chunk_tokens` tokens at a time, each chunk under activation checkpointing, so a float32
     [N, T, vocabulary] tensor never exists: for Qwen2.5 (151,936 ids) at 4 x 3,300 tokens it would take 8 GB, and
     autograd would keep it and its softmax for the backward. A chunk holds at most 2048 x 151,936 floats (1.2 GB)
-    and is recomputed in the backward. This takes logits = lm_head(hidden), true of Qwen2 and Llama (no final
-    soft-capping or logit scaling).
+    and is recomputed in the backward. This takes logits = output_embeddings(hidden): a model whose config sets a
+    final transform (LOGIT_TRANSFORMS: Gemma2's soft-capping, Cohere's scale, ...) gets one forward of its own
+    instead, its logits for the response columns whole ([N, T, V]), without chunks or a shared prompt.
+    Prompts are shared only where fastpath.shares_prompts(model) (a plain full-attention cache).
     """
     P, pos, decoder = prompt_len, position_ids(attention_mask), model.get_decoder()  # pos [N, P + T]
-    if groups is None or model.is_activation_checkpointing:  # (checkpointed layers run without a cache)
+    targets = input_ids[:, P:]  # [N, T]
+    if not plain_head(model):
+        T = targets.shape[1]
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
+                       logits_to_keep=T + 1).logits[:, :-1]  # [N, T, V] columns P-1 .. P+T-2
+        return _logprobs_of(logits, targets, temperature)  # [N, T]
+    if groups is None or model.is_activation_checkpointing or not fastpath.shares_prompts(model):
+        # (checkpointed layers run without a cache)
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
                          use_cache=False).last_hidden_state  # [N, P + T, H]
         h = hidden[:, P - 1:-1]  # [N, T, H]
     else:
-        kv, prompt, row_group = fastpath.prompt_prefill(decoder, input_ids, attention_mask, pos, P, groups)  # prompt [U, P, H]
+        kv, prompt, row_group = fastpath.prompt_prefill(decoder, input_ids, attention_mask, pos, P,
+                                                        groups)  # prompt [U, P, H]
         response = decoder(input_ids=input_ids[:, P:], attention_mask=attention_mask, position_ids=pos[:, P:],
-                           past_key_values=fastpath.cache_for(kv, row_group), use_cache=True).last_hidden_state  # [N, T, H]
+                           past_key_values=fastpath.cache_for(kv, row_group),
+                           use_cache=True).last_hidden_state  # [N, T, H]
         h = torch.cat([prompt[row_group, -1:], response[:, :-1]], dim=1)  # [N, T, H]
     N, T = h.shape[:2]
-    h, targets = h.reshape(N * T, -1), input_ids[:, prompt_len:].reshape(N * T)  # [N*T, H], [N*T]
+    h, targets = h.reshape(N * T, -1), targets.reshape(N * T)  # [N*T, H], [N*T]
     head = model.get_output_embeddings()
     logp = []
     for s in range(0, N * T, chunk_tokens):
@@ -180,10 +212,22 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
 
 def _chunk_logprobs(head, h, targets, temperature):
     """Log-prob of each target for a chunk of tokens: h [n, H], targets [n]."""
-    logits = head(h).float()  # [n, V]
+    return _logprobs_of(head(h), targets, temperature)  # [n]
+
+
+def _logprobs_of(logits, targets, temperature):
+    """log softmax(logits / temperature) at the targets, in float32: logits [..., V], targets [...] -> [...]."""
+    logits = logits.float()
     if temperature > 0:
         logits = logits / temperature
-    return logits.gather(-1, targets[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # [n]
+    return logits.gather(-1, targets[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def plain_head(model) -> bool:
+    """Whether logits = output_embeddings(hidden state): no LOGIT_TRANSFORMS field set in the config (nor in its
+    text config, for a multimodal one). Qwen2, Llama, Qwen3, Phi3, GPT2: yes; Gemma2 (soft-capping): no."""
+    configs = (model.config, model.config.get_text_config())
+    return all(getattr(c, f, None) is None for c in configs for f in LOGIT_TRANSFORMS)
 
 
 def select_rows(batch: dict, rows: torch.Tensor) -> dict:

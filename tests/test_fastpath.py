@@ -1,6 +1,7 @@
-"""fastpath.py: each written-out forward equals the model's own. The decode step against model.generate, a
-group's prompt run once against each row's own forward (log-probs and gradients, in float64 to 1e-10), and a
-clear error for layouts it does not write out. (OAR's forward after a prompt: tests/test_oar.py.)"""
+"""fastpath.py: each written-out forward equals the model's own. The decode step against model.generate and
+against sample.OwnDecoder (the model's own forward and cache) on the tiny Qwen2 and a Llama, a group's prompt run
+once against each row's own forward (log-probs and gradients, in float64 to 1e-10), and a clear error for layouts
+it does not write out. (OAR's forward after a prompt: tests/test_oar.py.)"""
 import pytest
 import torch
 
@@ -81,10 +82,48 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients(base):
 
 
 def test_unsupported_layouts_get_a_clear_error():
+    # sample.generate and oar.py run any other model through its own forward (tests/test_archs.py); the written-out
+    # forward itself refuses what it does not compute
     from transformers import GPT2Config, GPT2LMHeadModel
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10))
-    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
-        sample.generate(model, [[1, 2]], max_new_tokens=2, temperature=0.0, eos_id=0, pad_id=0)
+    assert not fastpath.decodes(model) and fastpath.shares_prompts(model)
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
         fastpath.logits_after_prompt(model, torch.zeros(1, 2, 8), torch.ones(1, 3, dtype=torch.long),
                                      torch.arange(3)[None], [], torch.zeros(1, dtype=torch.long), keep=1)
+
+
+def random_llama(tok):
+    """A random 2-layer Llama over the tiny vocabulary; its EOS row scaled so that rows end at different lengths."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, bos_token_id=tok.eos_token_id,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    with torch.no_grad():
+        w = model.get_output_embeddings().weight  # [V, H]
+        w[tok.eos_token_id] = 4 * w.std() * torch.randn(w.shape[1])
+    return model.eval()
+
+
+@pytest.mark.parametrize("which", ["tiny", "llama"])
+def test_decode_step_gives_the_plain_decodes_tokens_and_logprobs(base, which):
+    # sample.generate through fastpath.Decoder (the default for these layouts) and through OwnDecoder, the model's
+    # own forward and cache (fast=False): greedy tokens identical; sampled with one seed, the same tokens and
+    # log-probs and entropies to 1e-5 of their scale. Rows of different lengths: both drop finished rows.
+    model, tok = base
+    model = model if which == "tiny" else random_llama(tok)
+    assert fastpath.decodes(model)
+    kw = dict(eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    for temperature, n in ((0.0, 1), (1.0, 3)):
+        outs = []
+        for fast in (None, False):
+            torch.manual_seed(0)
+            outs.append(sample.generate(model, prompts(tok, 6, seed=7), n=n, max_new_tokens=30,
+                                        temperature=temperature, fast=fast, **kw))
+        fast_out, plain_out = outs
+        assert len(set(plain_out["response_mask"].sum(-1).tolist())) > 1
+        for k in ("input_ids", "attention_mask", "response_mask", "truncated"):
+            assert torch.equal(fast_out[k], plain_out[k]), (temperature, k)
+        for k in ("logprobs", "entropy"):
+            assert_close(fast_out[k], plain_out[k], rel=1e-5, what=f"{k} at temperature {temperature}")
