@@ -67,7 +67,8 @@ class OwnDecoder:
     """The plain decode, for any causal LM: each new token through the model's own forward, which appends its keys
     and values (or whatever state the model keeps) to the model's own cache. cache: the cache of the prefill of
     each prompt once, mask [B, P] its attention mask; both are repeated for the n rollouts of each prompt.
-    keep(rows) drops rows from the batch, decoder(nxt, pos) returns the next logits [A, V]."""
+    keep(rows) drops rows from the batch, decoder(nxt, pos) returns the next logits [A, V]. (max_new_tokens: for
+    fastpath.Decoder's buffers; this cache grows by itself.)"""
 
     def __init__(self, model, cache, mask, n: int, max_new_tokens: int):
         cache.batch_repeat_interleave(n)  # rows of a prompt's rollouts consecutive, as the logits
