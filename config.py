@@ -15,14 +15,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=methods.names(), default="grpo", metavar="METHOD",
                    help="BASE+RULE (methods.py): grpo, dapo (its preset below), ktae = grpo+ktae, dapo+ktae, "
                         "oar-p / oar-g = grpo+oar-p / grpo+oar-g, dapo+oar-g, ...")
-    p.add_argument("--model", default="tiny", help="'tiny' (built here), a local HF model directory, or a hub name")
+    p.add_argument("--model", default="tiny", help="'tiny' (built here), 'smollm2-135m' (a real 135M model that installs "
+                                                   "offline, models.py), a GGUF file, a local HF model directory, or "
+                                                   "a hub name")
     p.add_argument("--run-dir", default=None, help="default: runs/METHOD-seedSEED")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint (same method and task)")
     p.add_argument("--overwrite", action="store_true", help="start over in a RUN_DIR that holds another run, deleting it")
     p.add_argument("--seed", type=int, default=0, help="fixes the problems drawn, the sampling and the initial RNG")
     # the task
     p.add_argument("--dataset", default="tiny",
-                   help="training problems: tiny (generated), gsm8k, math500, a .jsonl file, or a hub name")
+                   help="training problems: tiny or arith (generated), gsm8k, math500, a .jsonl file, or a hub name")
     p.add_argument("--eval-dataset", default=None, help="held-out problems (tiny: its 256; else default math500)")
     p.add_argument("--eval-limit", type=int, default=256, help="first N held-out problems")
     p.add_argument("--data-dir", default=data.DATA_DIR, help="where the benchmark files are (else: the hub)")
@@ -113,7 +115,7 @@ def parse_args(argv=None):
             setattr(args, k, v)
     if args.overlong_buffer == "1/6":
         args.overlong_buffer = max(1, args.max_new_tokens // 6)
-    args.eval_dataset = args.eval_dataset or ("tiny" if args.dataset == "tiny" else "math500")
+    args.eval_dataset = args.eval_dataset or (args.dataset if args.dataset in data.GENERATED else "math500")
     args.oar_probe = args.oar_probe or "answer_mean"  # (used by OAR's rules only)
     args.oar_chunk = args.oar_chunk or (64 if args.model == "tiny" else 8)
     if args.oar_cue is None:

