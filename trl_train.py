@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 from datasets import Dataset
-from transformers import HfArgumentParser
+from transformers import HfArgumentParser, TrainerCallback
 from trl import GRPOConfig
 
 import data
@@ -35,20 +35,21 @@ class ScriptArguments:
     method_flags: str = field(default="", metadata={"help": "more train.py flags for the rule, e.g. '--ktae-top 2 "
                                                             "--oar-q 0.4' (config.py checks them)"})
     model: str = field(default="tiny", metadata={"help": "'tiny', a local HF model directory, or a hub name"})
-    dataset: str = field(default="tiny", metadata={"help": "training problems: tiny (fresh ones), gsm8k, a .jsonl, ..."})
+    dataset: str = field(default="tiny", metadata={"help": "training problems: tiny (fresh), gsm8k, a .jsonl, ..."})
     eval_dataset: str = field(default=None, metadata={"help": "held-out problems (tiny: its 256; else math500)"})
     eval_limit: int = field(default=256, metadata={"help": "first N held-out problems"})
     eval_batch_size: int = field(default=256, metadata={"help": "prompts per generate call when evaluating"})
     data_dir: str = field(default=data.DATA_DIR, metadata={"help": "where the benchmark files are"})
+    eval_every: int = field(default=50, metadata={"help": "greedy held-out evaluation every N steps (and at the end)"})
     threads: int = field(default=None, metadata={"help": "CPU threads for torch (default: torch's choice)"})
 
 
 # train.py's tiny defaults where TRL's differ (TRL: lr 1e-6 with linear decay, bf16 and gradient checkpointing on,
 # max_completion_length 512, adam_beta2 0.999, seed 42). 64 rollouts per micro-batch x 2 = 16 prompts x 8 a step.
 DEFAULTS = dict(output_dir="runs/trl", learning_rate=5e-5, lr_scheduler_type="constant_with_warmup", warmup_steps=10,
-                adam_beta2=0.99, bf16=False, gradient_checkpointing=False, activation_checkpointing=False, beta=0.0,
+                adam_beta2=0.99, bf16=False, gradient_checkpointing=False, beta=0.0,
                 num_generations=8, max_completion_length=48, temperature=1.0, per_device_train_batch_size=64,
-                gradient_accumulation_steps=2, max_steps=150, logging_steps=10, save_strategy="no", report_to="none",
+                gradient_accumulation_steps=2, max_steps=250, logging_steps=10, save_strategy="no", report_to="none",
                 seed=0, use_cpu=not torch.cuda.is_available())
 
 
@@ -91,6 +92,19 @@ def held_out_accuracy(model, tokenizer, held_out, cfg, script) -> float:
     return r["accuracy"]
 
 
+class HeldOut(TrainerCallback):
+    """Greedy held-out accuracy every `every` steps, printed and logged (main process only)."""
+
+    def __init__(self, evaluate_now, every: int):
+        self.evaluate_now, self.every, self.seconds = evaluate_now, every, 0.0
+
+    def on_step_end(self, args, state, control, model=None, **_):
+        if state.is_world_process_zero and state.global_step % self.every == 0 and state.global_step < state.max_steps:
+            t0 = time.time()
+            print(f"step {state.global_step}: greedy held-out accuracy {self.evaluate_now(model):.3f}")
+            self.seconds += time.time() - t0  # not counted in the seconds per step
+
+
 def main(argv=None):
     script, cfg, args = parse(argv)
     if script.threads:
@@ -109,10 +123,12 @@ def main(argv=None):
         reward_funcs=trl_grpo.reward_functions(args),
         train_dataset=Dataset.from_list([{"prompt": p["prompt"], "answer": p["answer"]} for p in train]))
     main_process = trainer.accelerator.is_main_process
+    evals = HeldOut(lambda m: held_out_accuracy(m, tokenizer, held_out, cfg, script), script.eval_every)
+    trainer.add_callback(evals)
     before = held_out_accuracy(model, tokenizer, held_out, cfg, script) if main_process else None
     t0 = time.time()
     trainer.train()
-    seconds = time.time() - t0
+    seconds = time.time() - t0 - evals.seconds
     if main_process:
         after = held_out_accuracy(trainer.model, tokenizer, held_out, cfg, script)
         trainer.save_model(cfg.output_dir)
