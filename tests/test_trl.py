@@ -88,6 +88,21 @@ def test_advantages_handed_to_trl_are_ours(fixed, tmp_path, monkeypatch, method,
     assert_close(out["advantages"], want.tokens, rel=rel, what=f"{method}: TRL's advantages vs ours")
 
 
+def test_a_new_rule_reading_logprobs_and_entropy_works_unchanged(fixed, tmp_path, monkeypatch):
+    # a rule outside RULES_WITHOUT_SCORES gets log pi_old and the entropy of each sampled token from TRL's scorer:
+    # they must be what our sampler recorded while sampling the same tokens
+    model, tok, problems, batch, rewards = fixed
+
+    def probe(b, r, mask, ctx):  # A_{i,t} = entropy + log-prob, so that both are compared
+        return methods.TokenAdvantages((b["entropy"] + b["logprobs"]) * mask, torch.zeros(len(mask)), None)
+
+    monkeypatch.setitem(methods.RULES, "probe", methods.Rule(probe))
+    trainer = trainer_for("probe", model, tok, problems, tmp_path)
+    out = through_trl(trainer, batch, problems, monkeypatch)
+    want = (batch["entropy"] + batch["logprobs"]) * batch["response_mask"]  # [N, T]
+    assert_close(out["advantages"], want, rel=1e-5, what="entropy + log-prob through TRL vs our sampler's")
+
+
 @pytest.mark.parametrize("loss_type,agg", [("grpo", "seq-mean-token-mean"), ("dapo", "token-mean"),
                                            ("dr_grpo", "seq-mean-token-sum-norm")])
 def test_trl_loss_and_gradient_equal_policy_loss(fixed, tmp_path, monkeypatch, loss_type, agg):
