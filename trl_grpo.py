@@ -29,6 +29,9 @@ D4 the reward functions below (+-1 and the soft overlong penalty) and mask_trunc
 filter). D2's dynamic sampling is not in TRL 1.16 and is not built here: every group is trained on, as
 train.py's --no-dynamic-sampling does. trl_train.py says so when the method asks for it.
 """
+import contextlib
+import io
+
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
@@ -58,7 +61,12 @@ def rule_args(method: str, *, group_size: int, max_new_tokens: int, device: str,
     argv = ["--method", method, "--group-size", str(group_size), "--max-new-tokens", str(max_new_tokens),
             "--device", device, *(["--bf16"] if bf16 else []), *(["--no-std-scale"] if scale_rewards == "none" else []),
             *flags.split()]
-    return config.parse_args(argv)
+    err = io.StringIO()  # config's argparse prints train.py's whole usage before its error: keep the error line only
+    try:
+        with contextlib.redirect_stderr(err):
+            return config.parse_args(argv)
+    except SystemExit:
+        raise SystemExit(err.getvalue().strip().splitlines()[-1]) from None
 
 
 def grpo_config_options(args) -> dict:

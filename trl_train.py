@@ -46,8 +46,10 @@ class ScriptArguments:
 
 # train.py's tiny defaults where TRL's differ (TRL: lr 1e-6 with linear decay, bf16 and gradient checkpointing on,
 # max_completion_length 512, adam_beta2 0.999, seed 42). 64 rollouts per micro-batch x 2 = 16 prompts x 8 a step.
+# gradient_checkpointing (TRL's True) is the deprecated name of activation_checkpointing: None leaves both off,
+# and either flag given turns it on.
 DEFAULTS = dict(output_dir="runs/trl", learning_rate=5e-5, lr_scheduler_type="constant_with_warmup", warmup_steps=10,
-                adam_beta2=0.99, bf16=False, gradient_checkpointing=False, beta=0.0,
+                adam_beta2=0.99, bf16=False, gradient_checkpointing=None, beta=0.0,
                 num_generations=8, max_completion_length=48, temperature=1.0, per_device_train_batch_size=64,
                 gradient_accumulation_steps=2, max_steps=250, logging_steps=10, save_strategy="no", report_to="none",
                 seed=0, use_cpu=not torch.cuda.is_available())

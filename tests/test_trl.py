@@ -143,6 +143,13 @@ def test_dapo_rewards_and_options_are_trls():
         trl_grpo.rule_args("ktae", group_size=4, max_new_tokens=48, device="cpu", scale_rewards="batch")
 
 
+
+def test_a_bad_method_or_rule_flag_is_one_line():
+    for method, flags, names in (("nope", "", "--method"), ("ktae", "--ktae-alpha 0 --ktae-beta 0", "--ktae-alpha 0")):
+        with pytest.raises(SystemExit) as e:
+            trl_grpo.rule_args(method, group_size=4, max_new_tokens=48, device="cpu", flags=flags)
+        assert names in str(e.value.code) and "\n" not in str(e.value.code)
+
 DRIVER = """
 import sys, torch, trl_grpo, trl_train
 orig = trl_grpo.RuleGRPOTrainer._generate_and_score_completions
