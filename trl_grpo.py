@@ -89,12 +89,16 @@ def reward_functions(args) -> list:
     return [correctness] + ([overlong] if args.overlong_buffer else [])
 
 
+def first_tokens(lengths, T: int):
+    """The mask [N, T] of each row's first lengths[i] tokens: [2, 1], T 3 -> [[1, 1, 0], [1, 0, 0]]."""
+    return (torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]).long()  # [N, T]
+
+
 def our_batch(prompt_ids, prompt_mask, completion_ids, lengths, end_ids) -> dict:
     """TRL's tensors in sample.generate()'s layout (see sample.py): prompt_ids, prompt_mask [N, P] left-padded;
     completion_ids [N, T] right-padded; lengths [N] tokens of each completion, EOS included; end_ids: the ids that
     end a completion (EOS, pad), to find the truncated ones as TRL does."""
-    T = completion_ids.shape[1]
-    response_mask = (torch.arange(T, device=lengths.device)[None, :] < lengths[:, None]).long()  # [N, T]
+    response_mask = first_tokens(lengths, completion_ids.shape[1])  # [N, T]
     last = completion_ids.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)  # [N]
     return {
         "input_ids": torch.cat([prompt_ids, completion_ids], dim=1),  # [N, P + T]
@@ -161,7 +165,8 @@ class RuleGRPOTrainer(GRPOTrainer):
                           [*self.eos_token_ids, pad])  # [N, ...]
         mask = gather(loss_mask, 0)  # [N, T]
         if self.rule_args.rule not in RULES_WITHOUT_SCORES:
-            batch["logprobs"], batch["entropy"] = (gather(x * loss_mask, 0.0) for x in self._scores(out))  # [N, T]
+            batch["logprobs"], batch["entropy"] = (gather(x, 0.0) * batch["response_mask"]
+                                                   for x in self._scores(out, lengths))  # [N, T]
         rewards = (self._rewards_per_func * self.reward_weights.to(acc.device)).nansum(dim=1).view(-1, G)  # [B, G]
         problems = gather_object([{k: v for k, v in x.items() if k != "prompt"} for x in inputs])[::G]  # [B]
         ctx = methods.Context(self.rule_args, self.model, self._tokenizer, problems, self.pieces)
@@ -173,10 +178,11 @@ class RuleGRPOTrainer(GRPOTrainer):
             self._metrics["train"][k].append(v)
         return out
 
-    def _scores(self, out):
-        """log pi_old and the entropy of each sampled token [n, T], by one no-grad forward of TRL's scorer."""
+    def _scores(self, out, lengths):
+        """log pi_old and the entropy of each sampled token [n, T], by one no-grad forward of TRL's scorer. The
+        attention mask is the completions' own (lengths [n]): mask_truncated_completions zeroes TRL's."""
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
-        attn = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        attn = torch.cat([out["prompt_mask"], first_tokens(lengths, out["completion_ids"].shape[1])], dim=1)
         with torch.no_grad():
             logp, ent, _ = self._get_per_token_logps_and_entropies(
                 self.model, ids, attn, out["completion_ids"].shape[1], batch_size=self.args.per_device_train_batch_size,

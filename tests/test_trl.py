@@ -88,16 +88,20 @@ def test_advantages_handed_to_trl_are_ours(fixed, tmp_path, monkeypatch, method,
     assert_close(out["advantages"], want.tokens, rel=rel, what=f"{method}: TRL's advantages vs ours")
 
 
-def test_a_new_rule_reading_logprobs_and_entropy_works_unchanged(fixed, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mask_truncated", [False, True])
+def test_a_new_rule_reading_logprobs_and_entropy_works_unchanged(fixed, tmp_path, monkeypatch, mask_truncated):
     # a rule outside RULES_WITHOUT_SCORES gets log pi_old and the entropy of each sampled token from TRL's scorer:
-    # they must be what our sampler recorded while sampling the same tokens
+    # they must be what our sampler recorded while sampling the same tokens, truncated rollouts included when
+    # TRL's mask_truncated_completions takes them out of its masks
     model, tok, problems, batch, rewards = fixed
+    assert batch["truncated"].any() or not mask_truncated, "no truncated rollout in the fixed batch"
 
     def probe(b, r, mask, ctx):  # A_{i,t} = entropy + log-prob, so that both are compared
-        return methods.TokenAdvantages((b["entropy"] + b["logprobs"]) * mask, torch.zeros(len(mask)), None)
+        return methods.TokenAdvantages((b["entropy"] + b["logprobs"]) * b["response_mask"], torch.zeros(len(mask)),
+                                       None)  # (response_mask: the truncated rollouts too)
 
     monkeypatch.setitem(methods.RULES, "probe", methods.Rule(probe))
-    trainer = trainer_for("probe", model, tok, problems, tmp_path)
+    trainer = trainer_for("probe", model, tok, problems, tmp_path, mask_truncated_completions=mask_truncated)
     out = through_trl(trainer, batch, problems, monkeypatch)
     want = (batch["entropy"] + batch["logprobs"]) * batch["response_mask"]  # [N, T]
     assert_close(out["advantages"], want, rel=1e-5, what="entropy + log-prob through TRL vs our sampler's")
