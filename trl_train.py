@@ -1,0 +1,144 @@
+"""Any --method inside TRL's GRPOTrainer (trl_grpo.RuleGRPOTrainer): one CPU, several processes, several GPUs.
+
+    python trl_train.py --method ktae --threads 1                       # the tiny world, one CPU process
+    torchrun --nproc_per_node 2 trl_train.py --method ktae --use_cpu --gradient_accumulation_steps 1
+    accelerate launch --num_processes 8 trl_train.py --method ktae --model DIR --dataset gsm8k \\
+        --per_device_train_batch_size 16 --gradient_accumulation_steps 1 --use_vllm
+
+TRL is an optional dependency (pip install -r requirements-trl.txt); no other module imports this one. The flags
+are GRPOConfig's own names (--learning_rate, --num_generations, --max_completion_length, --epsilon_high,
+--loss_type, --mask_truncated_completions, --num_iterations, --use_vllm, ...: `python trl_train.py --help`), with
+train.py's tiny defaults where TRL's differ (set below, DEFAULTS), plus the few of this script (ScriptArguments).
+The held-out evaluation is train.py's: greedy, the same problems, evaluate.score, before and after training.
+"""
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+from datasets import Dataset
+from transformers import HfArgumentParser, TrainerCallback
+from trl import GRPOConfig
+
+import data
+import evaluate
+import models
+import tiny
+import trl_grpo
+
+
+@dataclass
+class ScriptArguments:
+    method: str = field(default="grpo", metadata={"help": "as train.py's --method: grpo, dapo, ktae, oar-p, oar-g, "
+                                                          "dapo+ktae, ... (methods.py)"})
+    method_flags: str = field(default="", metadata={"help": "more train.py flags for the rule, e.g. '--ktae-top 2 "
+                                                            "--oar-q 0.4' (config.py checks them)"})
+    model: str = field(default="tiny", metadata={"help": "'tiny', a local HF model directory, or a hub name"})
+    dataset: str = field(default="tiny", metadata={"help": "training problems: tiny (fresh), gsm8k, a .jsonl, ..."})
+    eval_dataset: str = field(default=None, metadata={"help": "held-out problems (tiny: its 256; else math500)"})
+    eval_limit: int = field(default=256, metadata={"help": "first N held-out problems"})
+    eval_batch_size: int = field(default=256, metadata={"help": "prompts per generate call when evaluating"})
+    data_dir: str = field(default=data.DATA_DIR, metadata={"help": "where the benchmark files are"})
+    eval_every: int = field(default=50, metadata={"help": "greedy held-out evaluation every N steps (and at the end)"})
+    threads: int = field(default=None, metadata={"help": "CPU threads for torch (default: torch's choice)"})
+
+
+# train.py's tiny defaults where TRL's differ (TRL: lr 1e-6 with linear decay, bf16 and gradient checkpointing on,
+# max_completion_length 512, adam_beta2 0.999, seed 42). 64 rollouts per micro-batch x 2 = 16 prompts x 8 a step.
+# gradient_checkpointing (TRL's True) is the deprecated name of activation_checkpointing: None leaves both off,
+# and either flag given turns it on.
+DEFAULTS = dict(output_dir="runs/trl", learning_rate=5e-5, lr_scheduler_type="constant_with_warmup", warmup_steps=10,
+                adam_beta2=0.99, bf16=False, gradient_checkpointing=None, beta=0.0,
+                num_generations=8, max_completion_length=48, temperature=1.0, per_device_train_batch_size=64,
+                gradient_accumulation_steps=2, max_steps=250, logging_steps=10, save_strategy="no", report_to="none",
+                seed=0, use_cpu=not torch.cuda.is_available())
+
+
+def parse(argv=None):
+    """(ScriptArguments, GRPOConfig, the rule's flags); the base's presets (D1 epsilon_high, G5 loss_type) fill the
+    GRPOConfig fields not given on the command line."""
+    argv = sys.argv[1:] if argv is None else argv
+    p = HfArgumentParser((ScriptArguments, GRPOConfig))
+    p.set_defaults(**DEFAULTS)
+    script, cfg = p.parse_args_into_dataclasses(argv)
+    args = trl_grpo.rule_args(script.method, group_size=cfg.num_generations, max_new_tokens=cfg.max_completion_length,
+                              device="cpu", bf16=cfg.bf16, scale_rewards=cfg.scale_rewards, flags=script.method_flags)
+    given = {a.split("=")[0].lstrip("-") for a in argv if a.startswith("--")}
+    for k, v in trl_grpo.grpo_config_options(args).items():
+        if k not in given:
+            setattr(cfg, k, v)
+    return script, cfg, args
+
+
+def problems(script, cfg, tokenizer, n_train: int):
+    """(train, held_out): problem dicts with prompt and answer. Tiny: n_train fresh problems, none held out."""
+    name = script.eval_dataset or ("tiny" if script.dataset == "tiny" else "math500")
+    held_out, _ = data.load(name, "test", script.data_dir, script.eval_limit, flag="--eval_dataset")
+    held_out, _ = data.drop_unencodable(held_out, tokenizer)
+    if script.dataset == "tiny":
+        seen = {p["question"] for p in held_out}
+        train = [data.tiny_problem(q) for q in tiny.train_problems(random.Random(cfg.seed), n_train, seen)]
+    else:
+        train, _ = data.load(script.dataset, data.train_split(script.dataset), script.data_dir, flag="--dataset")
+        train, _ = data.drop_unencodable(train, tokenizer)
+    for p in train + held_out:
+        p["prompt"] = p.get("prompt") or data.build_prompt(tokenizer, p["question"])
+    return train, held_out
+
+
+def held_out_accuracy(model, tokenizer, held_out, cfg, script) -> float:
+    """train.py's evaluation: greedy, evaluate.score, on the held-out prompts."""
+    r = evaluate.score(model, tokenizer, [p["prompt"] for p in held_out], [p["answer"] for p in held_out],
+                       max_new_tokens=cfg.max_completion_length, batch_size=script.eval_batch_size)
+    return r["accuracy"]
+
+
+class HeldOut(TrainerCallback):
+    """Greedy held-out accuracy every `every` steps, printed and logged (main process only)."""
+
+    def __init__(self, evaluate_now, every: int):
+        self.evaluate_now, self.every, self.seconds = evaluate_now, every, 0.0
+
+    def on_step_end(self, args, state, control, model=None, **_):
+        if state.is_world_process_zero and state.global_step % self.every == 0 and state.global_step < state.max_steps:
+            t0 = time.time()
+            print(f"step {state.global_step}: greedy held-out accuracy {self.evaluate_now(model):.3f}")
+            self.seconds += time.time() - t0  # not counted in the seconds per step
+
+
+def main(argv=None):
+    script, cfg, args = parse(argv)
+    if script.threads:
+        torch.set_num_threads(script.threads)
+    if args.dynamic_sampling:
+        print(f"--method {script.method}: D2 dynamic sampling is not in TRL 1.16 and not built here; every group is "
+              f"trained on (train.py's --no-dynamic-sampling). D1, D3 and D4 are TRL's options (epsilon_high "
+              f"{cfg.epsilon_high}, loss_type {cfg.loss_type}, the reward functions).")
+    torch.manual_seed(cfg.seed)
+    model, tokenizer, _ = models.load_model(script.model)
+    n_prompts = cfg.max_steps * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * \
+        max(cfg.world_size, 1) // cfg.num_generations  # every problem sampled once (train.py: fresh problems)
+    train, held_out = problems(script, cfg, tokenizer, n_prompts)
+    trainer = trl_grpo.RuleGRPOTrainer(
+        model=model, processing_class=tokenizer, args=cfg, rule_args=args,
+        reward_funcs=trl_grpo.reward_functions(args),
+        train_dataset=Dataset.from_list([{"prompt": p["prompt"], "answer": p["answer"]} for p in train]))
+    main_process = trainer.accelerator.is_main_process
+    evals = HeldOut(lambda m: held_out_accuracy(m, tokenizer, held_out, cfg, script), script.eval_every)
+    trainer.add_callback(evals)
+    before = held_out_accuracy(model, tokenizer, held_out, cfg, script) if main_process else None
+    t0 = time.time()
+    trainer.train()
+    seconds = time.time() - t0 - evals.seconds
+    if main_process:
+        after = held_out_accuracy(trainer.model, tokenizer, held_out, cfg, script)
+        trainer.save_model(cfg.output_dir)
+        print(f"{cfg.max_steps} steps in {seconds:.0f} s ({seconds / cfg.max_steps:.2f} s a step)")
+        print(f"greedy held-out accuracy: {before:.3f} -> {after:.3f}   ({len(held_out)} problems, "
+              f"model in {cfg.output_dir})")
+    trainer.accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()
