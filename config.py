@@ -25,7 +25,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", default="tiny",
                    help="training problems: tiny (generated), gsm8k, math500, a .jsonl file, or a hub name")
     p.add_argument("--task", choices=list(tasks.TASKS), default="tiny",
-                   help="the synthetic task of --model tiny --dataset tiny (tasks.py): tiny, or chain (2-6 operands, "
+                   help="the synthetic task of --model tiny --dataset tiny (tasks.py): tiny, or chain (2-5 operands, "
                         "concise and padded solutions; its own warm-started model)")
     p.add_argument("--eval-dataset", default=None, help="held-out problems (tiny: its 256; else default math500)")
     p.add_argument("--eval-limit", type=int, default=256, help="first N held-out problems")

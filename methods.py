@@ -167,6 +167,6 @@ def parse(method: str):
 
 
 def names() -> list:
-    """Every --method: the six short names first, then each BASE+RULE."""
+    """Every --method: the short names first (the bases, then each rule on grpo), then each BASE+RULE."""
     short = list(BASES) + [r for r in RULES if r != "none"]
     return short + [f"{b}+{r}" for b in BASES for r in RULES if r != "none"]
