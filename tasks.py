@@ -5,7 +5,7 @@ Both are left-to-right chains of single-digit operands joined by + and -, worked
 the warm start imitates:
 
     tiny:   2-4 operands, one way to write the solution:    "7+8=15\\n15-9=6\\n\\boxed{6}"
-    chain:  2-6 operands, a concise style (as tiny) or a padded one, half of the time each:
+    chain:  2-5 operands, a concise style (as tiny) or a padded one, half of the time each:
             "7+8-9+2\\n7+8=15\\n15+0=15\\n15-9=6\\n6-0=6\\n6+2=8\\n\\boxed{8}"
             (the question restated on the first line; after a step, sometimes a step that adds or takes 0)
 
@@ -66,9 +66,9 @@ class Task:
 # The chain task
 
 def make_chain(rng: random.Random) -> str:
-    """A chain of 2 to 6 single-digit operands, such as '7+8-9+2'."""
+    """A chain of 2 to 5 single-digit operands, such as '7+8-9+2'."""
     q = str(rng.randint(0, 9))
-    for _ in range(rng.randint(2, 6) - 1):
+    for _ in range(rng.randint(2, 5) - 1):
         q += rng.choice("+-") + str(rng.randint(0, 9))
     return q
 
@@ -132,5 +132,5 @@ TASKS = {
     "tiny": Task("tiny", tiny.make_problem, lambda q, rng: tiny.solution(q), padded=False, max_new_tokens=48,
                  warm_steps=250, warm_batch=64, warm_lr=1e-3),
     "chain": Task("chain", make_chain, chain_solution, padded=True, max_new_tokens=128,
-                  warm_steps=250, warm_batch=32, warm_lr=1e-3, eval_seed=4321),
+                  warm_steps=350, warm_batch=64, warm_lr=1e-3, eval_seed=4321),
 }
