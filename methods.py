@@ -106,14 +106,21 @@ def outcome_grounded(scorer: str):
     return rule
 
 
-def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, share: float) -> torch.Tensor:
-    """E1: the scored tokens whose sampling entropy is at least the batch's (1 - share)-quantile (linear
-    interpolation, as torch.quantile), i.e. the top `share` of the batch's tokens by entropy. entropy, mask [N, T].
-    Entropies [0.1, 0.2, 0.3, 0.4, 0.5], share 0.2: quantile 0.8 = 0.42 -> only 0.5 is kept."""
+def entropy_threshold(entropy: torch.Tensor, mask: torch.Tensor, share: float) -> float:
+    """E1's tau: the (1 - share)-quantile (linear interpolation, as torch.quantile) of the batch's scored tokens'
+    entropies; entropy, mask [N, T]. Entropies [0.1, 0.2, 0.3, 0.4, 0.5], share 0.2: 0.4 + 0.2 * 0.1 = 0.42.
+    None when no token is scored."""
     scored = entropy[mask.bool()].float()  # [n] every scored token of the batch
-    if scored.numel() == 0:
+    return torch.quantile(scored, 1 - share).item() if scored.numel() else None
+
+
+def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, share: float) -> torch.Tensor:
+    """E1: the scored tokens whose sampling entropy is at least tau (above), i.e. the top `share` of the batch's
+    tokens by entropy [N, T]. Entropies [0.1, 0.2, 0.3, 0.4, 0.5], share 0.2: tau = 0.42 -> only 0.5 is kept."""
+    tau = entropy_threshold(entropy, mask, share)
+    if tau is None:
         return torch.zeros_like(mask, dtype=torch.bool)
-    return (entropy >= torch.quantile(scored, 1 - share)) & mask.bool()  # [N, T]
+    return (entropy >= tau) & mask.bool()  # [N, T]
 
 
 def high_entropy(batch, rewards, mask, ctx) -> TokenAdvantages:
@@ -153,7 +160,7 @@ RULES = {
                   blame=lambda adv, batch: adv.values),
     "oar-g": Rule(outcome_grounded("gradient"), defaults={"oar_probe": "answer_mean"}, heatmap="oar",
                   blame=lambda adv, batch: adv.values),
-    "entropy": Rule(high_entropy, blame=lambda adv, batch: adv.values),
+    "entropy": Rule(high_entropy, heatmap="entropy", blame=lambda adv, batch: adv.values),
 }
 
 

@@ -457,8 +457,8 @@ def finish(run: Run):
 
 def write_heatmap(args, step, tokenizer, qs, batch, mask, rewards, adv):
     """RUN_DIR/heatmaps/stepN.html: the first group of this batch that mixes right and wrong answers, every token
-    coloured by the rule's per-token values (KTAE's key-token values, OAR's weights), each rollout with its reward
-    and sequence advantage (plots.token_heatmap builds the page and its legend)."""
+    coloured by the rule's per-token values (KTAE's key-token values, OAR's weights, E1's entropies), each rollout
+    with its reward and sequence advantage (plots.token_heatmap builds the page and its legend)."""
     G, resp, kind = args.group_size, batch["input_ids"][:, batch["prompt_len"]:], methods.RULES[args.rule].heatmap
     mixed = [g for g in range(len(qs)) if 0 < (rewards[g] > 0).sum() < G]
     if not mixed:
@@ -470,9 +470,13 @@ def write_heatmap(args, step, tokenizer, qs, batch, mask, rewards, adv):
         tokens = [tokenizer.decode([t]) for t in resp[i, :n].tolist()]
         rollouts.append((tokens, adv.values[i, :n].tolist(), rewards[g, i - g * G].item(), adv.seq[i].item()))
     os.makedirs(os.path.join(args.run_dir, "heatmaps"), exist_ok=True)
+    what = {"oar": "OAR weights", "ktae": "key-token values", "entropy": "sampling entropy"}[kind]
+    centre = None  # the kind's own (KTAE 0, OAR 1); the entropy rule's is the batch's threshold (E1)
+    if kind == "entropy":
+        centre = methods.entropy_threshold(batch["entropy"], mask, args.top_entropy_quantile)
     plots.token_heatmap(os.path.join(args.run_dir, "heatmaps", f"step{step}.html"),
-                        f"{args.method}: {'OAR weights' if kind == 'oar' else 'key-token values'}, step {step}",
-                        qs[g]["prompt"], rollouts, kind=kind, scale=args.oar_beta if kind == "oar" else 1.0)
+                        f"{args.method}: {what}, step {step}", qs[g]["prompt"], rollouts, kind=kind, centre=centre,
+                        scale=args.oar_beta if kind == "oar" else 1.0)
 
 
 def amp(args):
