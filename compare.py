@@ -40,10 +40,10 @@ OWN_FLAGS = ("--method", "--seed", "--steps", "--run-dir", "--eval-every", "--sa
 PLOTS = {"accuracy.png": ("eval_accuracy", "greedy held-out accuracy"), "reward.png": ("reward_mean", "sampled reward"),
          "length.png": ("response_len", "response length (tokens)"), "entropy.png": ("entropy", "entropy"),
          "ess.png": ("ess_ratio", "ESS-ratio of the advantage (O7)"),
-         "credit_auc.png": ("credit_auc", "AUC of the first error under the rule's blame (0.5: chance)"),
-         "credit_hit1.png": ("credit_hit1", "hit@1: the first error is the most blamed token"),
-         "credit_hit3.png": ("credit_hit3", "hit@3: the first error among the 3 most blamed"),
-         "credit_rank.png": ("credit_rank", "rank of the first error under the rule's blame (1: top)")}
+         "credit_auc.png": ("credit_auc", "first-error AUC (0.5: chance)"),
+         "credit_hit1.png": ("credit_hit1", "first-error hit@1"),
+         "credit_hit3.png": ("credit_hit3", "first-error hit@3"),
+         "credit_rank.png": ("credit_rank", "first-error rank (1: most blamed)")}
 CREDIT = ("credit_rank", "credit_hit1", "credit_hit3", "credit_auc")  # the table's attribution columns
 
 
@@ -151,7 +151,8 @@ def main(argv=None):
     md = table(results)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(f"`python compare.py --task {args.task} --methods {args.methods} --seeds {args.seeds} --steps "
-                f"{args.steps} --eval-every {args.eval_every}`\n\n" + md)
+                f"{args.steps} --eval-every {args.eval_every}{' -- ' * bool(args.train_args)}"
+                f"{' '.join(args.train_args)}`\n\n" + md)
     print(md)
     return results
 
