@@ -3,6 +3,7 @@
     python compare.py --threads 2                       # grpo dapo ktae dapo+ktae oar-g oar-p, seeds 0 1 2, 100 steps
     python compare.py --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick
     python compare.py --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick -- --lr 1e-4   # train.py flags
+    python compare.py --task chain --methods grpo,ktae,oar-g,oar-p,entropy --seeds 0,1,2,3,4 --out runs/chain
 
 OUT (--out, or its alias --run-dir) is taken relative to the directory you run the command from, wherever
 compare.py itself lies. --eval-every defaults to a quarter of --steps (4 evaluations, plus step 0).
@@ -13,7 +14,11 @@ rounds of dynamic sampling draw further problems, so its batches drift from the 
 finished is reused, one that was interrupted resumes from its checkpoint, and one stopped before its first
 checkpoint starts over (train.py --overwrite), so a stopped comparison picks up where it was. Then OUT holds:
     accuracy.png reward.png length.png entropy.png ess.png   a line per method (mean over seeds), min-max band
-    results.md                                               final accuracy mean +- std, length, wall time
+    credit_auc.png credit_hit1.png credit_hit3.png credit_rank.png
+                                                             how well the rule's blame points at a wrong rollout's
+                                                             first error (credit.py; the synthetic tasks only)
+    results.md                                               final accuracy mean +- std, length, wall time, and the
+                                                             attribution metrics (mean over steps, +- std over seeds)
     heatmaps/METHOD.html                                     the last evaluation's heat map (seed 0)
 """
 import argparse
@@ -25,15 +30,21 @@ import subprocess
 import sys
 
 import plots
+import tasks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "train.py")  # by its full path: compare.py may be run from any directory
 OWN_FLAGS = ("--method", "--seed", "--steps", "--run-dir", "--eval-every", "--save-every", "--threads", "--resume",
-             "--overwrite")  # set by compare.py itself for every run
+             "--overwrite", "--task")  # set by compare.py itself for every run
 
 PLOTS = {"accuracy.png": ("eval_accuracy", "greedy held-out accuracy"), "reward.png": ("reward_mean", "sampled reward"),
          "length.png": ("response_len", "response length (tokens)"), "entropy.png": ("entropy", "entropy"),
-         "ess.png": ("ess_ratio", "ESS-ratio of the advantage (O7)")}
+         "ess.png": ("ess_ratio", "ESS-ratio of the advantage (O7)"),
+         "credit_auc.png": ("credit_auc", "first-error AUC (0.5: chance)"),
+         "credit_hit1.png": ("credit_hit1", "first-error hit@1"),
+         "credit_hit3.png": ("credit_hit3", "first-error hit@3"),
+         "credit_rank.png": ("credit_rank", "first-error rank (1: most blamed)")}
+CREDIT = ("credit_rank", "credit_hit1", "credit_hit3", "credit_auc")  # the table's attribution columns
 
 
 def read(path):
@@ -51,7 +62,7 @@ def run_one(method, seed, args):
         return read(os.path.join(run_dir, "metrics.jsonl"))
     cmd = [sys.executable, TRAIN, "--method", method, "--seed", str(seed), "--steps", str(args.steps),
            "--run-dir", run_dir, "--eval-every", str(args.eval_every), "--save-every", str(args.eval_every),
-           *(["--threads", str(args.threads)] if args.threads else []), *args.train_args]
+           "--task", args.task, *(["--threads", str(args.threads)] if args.threads else []), *args.train_args]
     resuming = any(os.path.isdir(os.path.join(run_dir, d)) for d in ("checkpoint", "checkpoint.prev"))
     # a run stopped before its first checkpoint left a metrics file that train.py would refuse to start over on
     leftover = not resuming and os.path.isdir(run_dir) and bool(os.listdir(run_dir))
@@ -64,11 +75,30 @@ def run_one(method, seed, args):
     return read(os.path.join(run_dir, "metrics.jsonl"))
 
 
+def mean_std(values: list) -> str:
+    """'mean +- std' over seeds ('nan' when no seed has a value); mean_std([1, 3]) == '2.000 +- 1.414'."""
+    values = [v for v in values if v == v]
+    if not values:
+        return "nan"
+    return f"{statistics.mean(values):.3f} +- {statistics.stdev(values) if len(values) > 1 else 0.0:.3f}"
+
+
+def credit_columns(runs: list) -> list:
+    """Each attribution metric: per seed the mean over its steps that logged one, then mean +- std over seeds."""
+    cols = []
+    for key in CREDIT:
+        per_seed = [[r[key] for r in recs if r.get(key) is not None] for recs in runs]
+        cols.append(mean_std([statistics.mean(v) if v else float("nan") for v in per_seed]))
+    return cols
+
+
 def table(results: dict) -> str:
     """results: {method: [records of each seed]} -> a Markdown table. Minutes are those spent in steps (sum of
-    time_step: sampling to optimizer step, evaluations left out), so a resumed run counts what it computed."""
+    time_step: sampling to optimizer step, evaluations left out), so a resumed run counts what it computed. The
+    last four columns: credit.py's attribution of the first error (synthetic tasks; nan elsewhere)."""
     lines = ["| method | seeds | greedy accuracy before | after (mean +- std) | response length after | "
-             "ESS-ratio (last 20 steps) | minutes in steps per run |", "|---|---|---|---|---|---|---|"]
+             "ESS-ratio (last 20 steps) | minutes in steps per run | first-error rank | hit@1 | hit@3 | AUC |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for method, runs in results.items():
         evals = [[r for r in recs if "eval_accuracy" in r] for recs in runs]
         after = [e[-1]["eval_accuracy"] for e in evals]
@@ -80,8 +110,8 @@ def table(results: dict) -> str:
         std = statistics.stdev(after) if len(after) > 1 else 0.0
         lines.append(f"| {method} | {len(runs)} | {statistics.mean(e[0]['eval_accuracy'] for e in evals):.3f} | "
                      f"{statistics.mean(after):.3f} +- {std:.3f} | "
-                     f"{statistics.mean(e[-1]['eval_response_len'] for e in evals):.1f} | {ess:.3f} | "
-                     f"{statistics.mean(minutes):.1f} |")
+                     f"{mean_std([e[-1]['eval_response_len'] for e in evals])} | {ess:.3f} | "
+                     f"{statistics.mean(minutes):.1f} | {' | '.join(credit_columns(runs))} |")
     return "\n".join(lines) + "\n"
 
 
@@ -97,6 +127,7 @@ def main(argv=None):
                    help="directory of the comparison, relative to where you run the command (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch in every train.py run (default: "
                                                              "torch's choice; on a shared machine pass what is yours)")
+    p.add_argument("--task", default="tiny", choices=list(tasks.TASKS), help="the synthetic task of every run (train.py --task: tiny, chain)")
     p.add_argument("train_args", nargs="*", help="more train.py flags, after --, e.g. -- --lr 1e-4")
     args = p.parse_args(argv)
     methods, seeds = args.methods.split(","), [int(s) for s in args.seeds.split(",")]
@@ -119,8 +150,9 @@ def main(argv=None):
             shutil.copy(os.path.join(maps, last), os.path.join(args.out, "heatmaps", f"{m}.html"))
     md = table(results)
     with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(f"`python compare.py --methods {args.methods} --seeds {args.seeds} --steps {args.steps} "
-                f"--eval-every {args.eval_every}`\n\n" + md)
+        f.write(f"`python compare.py --task {args.task} --methods {args.methods} --seeds {args.seeds} --steps "
+                f"{args.steps} --eval-every {args.eval_every}{' -- ' * bool(args.train_args)}"
+                f"{' '.join(args.train_args)}`\n\n" + md)
     print(md)
     return results
 

@@ -7,6 +7,7 @@ import torch
 
 import data
 import methods
+import tasks
 
 
 def parser() -> argparse.ArgumentParser:
@@ -25,6 +26,9 @@ def parser() -> argparse.ArgumentParser:
     # the task
     p.add_argument("--dataset", default="tiny",
                    help="training problems: tiny or arith (generated), gsm8k, math500, a .jsonl file, or a hub name")
+    p.add_argument("--task", choices=list(tasks.TASKS), default="tiny",
+                   help="the synthetic task of --model tiny --dataset tiny (tasks.py): tiny, or chain (2-5 operands, "
+                        "concise and padded solutions; its own warm-started model)")
     p.add_argument("--eval-dataset", default=None, help="held-out problems (tiny: its 256; else default math500)")
     p.add_argument("--eval-limit", type=int, default=256, help="first N held-out problems")
     p.add_argument("--data-dir", default=data.DATA_DIR, help="where the benchmark files are (else: the hub)")
@@ -34,7 +38,9 @@ def parser() -> argparse.ArgumentParser:
                    help="stop after this much training wall time (then evaluate and save): compare methods at equal time")
     p.add_argument("--prompts-per-step", type=int, default=16, help="B, prompts per step")
     p.add_argument("--group-size", type=int, default=8, help="G, rollouts per prompt")
-    p.add_argument("--max-new-tokens", type=int, default=48, help="response length limit; longer ones are truncated")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="response length limit; longer ones are truncated (default: the task's, 48 for tiny, 128 for "
+                        "chain; 48 for other datasets)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (also applied in the loss)")
     p.add_argument("--problem-pool", type=int, default=0,
                    help="tiny: train on a fixed pool of this many problems (0: fresh problems every step)")
@@ -89,6 +95,9 @@ def parser() -> argparse.ArgumentParser:
                         "world, 8 for other models (OAR-G keeps every layer's activations: ~1.2 MB a token at 1.5B)")
     p.add_argument("--oar-cue", default=None, help="the conclude cue appended after the reasoning (the tiny world: "
                                                     "its own '\\boxed{'; other models: OAR's sentence, EQUATIONS.md#oar-spans)")
+    # the high-entropy minority (methods.py E1)
+    p.add_argument("--top-entropy-quantile", type=float, default=0.2,
+                   help="E1: the share of the batch's tokens, by sampling entropy, that the entropy rule trains on")
     # evaluation and saving
     p.add_argument("--eval-every", type=int, default=50, help="greedy held-out evaluation every N steps (and at the end)")
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
@@ -113,6 +122,8 @@ def parse_args(argv=None):
     for k, v in {**methods.BASES[args.base], **methods.RULES[args.rule].defaults}.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = tasks.TASKS[args.task].max_new_tokens if args.dataset == "tiny" else 48
     if args.overlong_buffer == "1/6":
         args.overlong_buffer = max(1, args.max_new_tokens // 6)
     args.eval_dataset = args.eval_dataset or (args.dataset if args.dataset in data.GENERATED else "math500")
@@ -152,6 +163,11 @@ def check_args(p, args):
         p.error(f"--dual-clip {args.dual_clip}: must be greater than 1")
     if not 0 < args.oar_q < 1:
         p.error(f"--oar-q {args.oar_q}: O5's quantile level must lie strictly between 0 and 1")
+    if not 0 < args.top_entropy_quantile <= 1:
+        p.error(f"--top-entropy-quantile {args.top_entropy_quantile}: E1's share of tokens must lie in (0, 1]")
+    if args.task != "tiny" and (args.model != "tiny" or args.dataset != "tiny"):
+        p.error(f"--task {args.task}: a synthetic task of the tiny world; it needs --model tiny and --dataset tiny "
+                f"(got --model {args.model} --dataset {args.dataset})")
     rule = methods.RULES[args.rule]
     if rule.check is not None and rule.check(args):
         p.error(rule.check(args))

@@ -27,6 +27,7 @@ import sys
 import unicodedata
 
 import reward
+import tasks
 import tiny
 
 # the local copies of the benchmarks: $MATH_DATA_DIR, else ../shared/data beside the project
@@ -293,7 +294,7 @@ def report(name: str, problems: list, skipped: list, notes=None, show: int = 5, 
 
 
 def tiny_problem(q: str, where: str = "tiny") -> dict:
-    """A tiny-world problem in the loader's layout, with its own prompt ("Q:7+8-9=?\nA:")."""
+    """A tiny-world problem (of any task of tasks.py) in the loader's layout, with its own prompt ("Q:7+8-9=?\nA:")."""
     return {"question": q, "answer": tiny.answer(q), "prompt": tiny.prompt(q), "where": where}
 
 
@@ -304,13 +305,14 @@ def train_split(name: str) -> str:
 
 
 def load(name: str, split: str = "test", data_dir: str = DATA_DIR, limit: int = None, notes=None,
-         flag: str = "dataset"):
+         flag: str = "dataset", task: str = "tiny"):
     """(problems, skipped): problems are dicts with question, answer and where ('file:line') (and prompt, for the
     tiny world, whose prompts are its own); skipped lists 'file:line: why' for every line or row that could not be
     used, in file order. `notes` (a collections.Counter), when given, counts what was filled in or passed over
     (see normalise and read_jsonl); report() prints both. `limit` keeps the first N usable problems."""
-    if name == "tiny":  # the tiny world's 256 held-out problems, in its own prompt format
-        return [tiny_problem(q, f"tiny[{i}]") for i, q in enumerate(tiny.eval_problems()[:limit])], []
+    if name == "tiny":  # the tiny world's 256 held-out problems (of --task), in its own prompt format
+        held_out = tiny.eval_problems() if task == "tiny" else tasks.TASKS[task].eval_problems()
+        return [tiny_problem(q, f"{task}[{i}]") for i, q in enumerate(held_out[:limit])], []
     if name == "arith":
         return arith_problems(split, limit), []
     rows, skipped = read_rows(name, split, data_dir, notes, flag)

@@ -1,4 +1,5 @@
-"""What `--method` means: a base (grpo, dapo) and a token rule (none, ktae, oar-p, oar-g), each from one table.
+"""What `--method` means: a base (grpo, dapo) and a token rule (none, ktae, oar-p, oar-g, entropy), each from one
+table.
 
     --method grpo        = grpo + none       (G1 broadcast to every token)
     --method dapo        = dapo + none       (DAPO's preset flags, D1-D4)
@@ -6,6 +7,7 @@
     --method dapo+ktae   = dapo + ktae
     --method oar-p       = grpo + oar-p      (O6 with O2's perturbation scores)
     --method oar-g       = grpo + oar-g      (O6 with O3's gradient scores)
+    --method entropy     = grpo + entropy    (E1: only the top 20 % of the batch's tokens by entropy learn)
     and any other BASE+RULE, e.g. dapo+oar-g.
 
 A base is a set of flag defaults (any flag given on the command line wins). A token rule is one function with
@@ -27,6 +29,9 @@ For example, a rule that gives the EOS token no credit:
         return TokenAdvantages(tokens, seq, None)
 
     RULES["no-eos"] = Rule(no_eos)
+
+A rule's `blame` says which tokens it holds most responsible for a wrong answer (credit.py measures it against
+the first error the synthetic tasks know); without one, every token is blamed alike, as in GRPO.
 """
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional
@@ -101,12 +106,43 @@ def outcome_grounded(scorer: str):
     return rule
 
 
+def entropy_threshold(entropy: torch.Tensor, mask: torch.Tensor, share: float) -> float:
+    """E1's tau: the (1 - share)-quantile (linear interpolation, as torch.quantile) of the batch's scored tokens'
+    entropies; entropy, mask [N, T]. Entropies [0.1, 0.2, 0.3, 0.4, 0.5], share 0.2: 0.4 + 0.2 * 0.1 = 0.42.
+    None when no token is scored."""
+    scored = entropy[mask.bool()].float()  # [n] every scored token of the batch
+    return torch.quantile(scored, 1 - share).item() if scored.numel() else None
+
+
+def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, share: float) -> torch.Tensor:
+    """E1: the scored tokens whose sampling entropy is at least tau (above), i.e. the top `share` of the batch's
+    tokens by entropy [N, T]. Entropies [0.1, 0.2, 0.3, 0.4, 0.5], share 0.2: tau = 0.42 -> only 0.5 is kept."""
+    tau = entropy_threshold(entropy, mask, share)
+    if tau is None:
+        return torch.zeros_like(mask, dtype=torch.bool)
+    return (entropy >= tau) & mask.bool()  # [N, T]
+
+
+def high_entropy(batch, rewards, mask, ctx) -> TokenAdvantages:
+    """The high-entropy minority (Wang et al., 2025, arXiv 2506.01939): A_{i,t} = A_i on the top share of the
+    batch's tokens by sampling entropy (E1, --top-entropy-quantile), 0 elsewhere. The heat maps' values: the
+    entropy."""
+    seq = sequence_advantages(rewards, ctx)  # [N]
+    keep = top_entropy_mask(batch["entropy"], mask, ctx.args.top_entropy_quantile)  # [N, T] E1
+    return TokenAdvantages(seq[:, None] * mask * keep, seq, batch["entropy"] * mask)  # [N, T]
+
+
+def _alike(adv: TokenAdvantages, batch) -> torch.Tensor:
+    return torch.zeros_like(adv.tokens)  # [N, T] every token blamed alike (GRPO)
+
+
 @dataclass
 class Rule:
     advantages: Callable  # (batch, rewards, mask, ctx) -> TokenAdvantages
     defaults: dict = field(default_factory=dict)  # flag defaults of this rule (a flag given explicitly wins)
     check: Callable = None  # (args) -> an error message for settings that make the rule meaningless, or None
     heatmap: str = None  # the kind of token heat map to write (plots.token_heatmap), or None
+    blame: Callable = _alike  # (TokenAdvantages, batch) -> [N, T], higher = more to blame for a wrong answer
 
 
 def _ktae_check(args):
@@ -115,11 +151,16 @@ def _ktae_check(args):
                 "method without ktae, or keep one of the two")
 
 
+# blame: KTAE's most negative key-token value, OAR's highest weight (a wrong rollout's advantage is negative, so
+# its largest weight takes the most blame), the entropy rule's highest entropy
 RULES = {
     "none": Rule(none),
-    "ktae": Rule(key_tokens, check=_ktae_check, heatmap="ktae"),
-    "oar-p": Rule(outcome_grounded("perturb"), defaults={"oar_probe": "last"}, heatmap="oar"),
-    "oar-g": Rule(outcome_grounded("gradient"), defaults={"oar_probe": "answer_mean"}, heatmap="oar"),
+    "ktae": Rule(key_tokens, check=_ktae_check, heatmap="ktae", blame=lambda adv, batch: -adv.values),
+    "oar-p": Rule(outcome_grounded("perturb"), defaults={"oar_probe": "last"}, heatmap="oar",
+                  blame=lambda adv, batch: adv.values),
+    "oar-g": Rule(outcome_grounded("gradient"), defaults={"oar_probe": "answer_mean"}, heatmap="oar",
+                  blame=lambda adv, batch: adv.values),
+    "entropy": Rule(high_entropy, heatmap="entropy", blame=lambda adv, batch: adv.values),
 }
 
 
@@ -133,6 +174,6 @@ def parse(method: str):
 
 
 def names() -> list:
-    """Every --method: the six short names first, then each BASE+RULE."""
+    """Every --method: the short names first (the bases, then each rule on grpo), then each BASE+RULE."""
     short = list(BASES) + [r for r in RULES if r != "none"]
     return short + [f"{b}+{r}" for b in BASES for r in RULES if r != "none"]

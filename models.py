@@ -24,6 +24,7 @@ import sys
 
 import torch
 
+import tasks
 import tiny
 
 # --model ALIAS -> (the package that ships it, its GGUF file, the pip command that installs it)
@@ -138,12 +139,13 @@ def load_config(name: str, flag: str = "--model"):
                  f"(offline machine?): {str(e).splitlines()[0]}")
 
 
-def load_model(name: str, flag: str = "--model"):
+def load_model(name: str, flag: str = "--model", task: str = "tiny"):
     """(model, tokenizer, name). The model is float32 (train.py's --bf16 is autocast). The tokenizer pads on the
-    left (the sampler's layout) and has a pad token (its EOS when the model has none, as for Qwen2.5 base)."""
+    left (the sampler's layout) and has a pad token (its EOS when the model has none, as for Qwen2.5 base).
+    task: which warm-started tiny model (tasks.py), for name "tiny"."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     if name == "tiny":
-        return tiny.load_or_build()
+        return tiny.load_or_build() if task == "tiny" else tiny.load_or_build(task=tasks.TASKS[task])
     check_path(name, flag)
     path = packaged_directory(name, flag) if name in PACKAGED else os.path.expanduser(name)
     gguf = gguf_location(name, flag) if name not in PACKAGED else None

@@ -33,6 +33,11 @@ LEGENDS = {
         "more of the blame.</b><br>Only the reasoning is scored: the boxed answer and EOS keep weight 1 and stay "
         "uncoloured, and so does every token of a rollout whose advantage is 0 (its group all right or all "
         "wrong)."),
+    "entropy": (
+        "Colour: the entropy of the distribution the token was sampled from (nats), centred on the batch's "
+        "threshold {centre:.3g} (E1), full colour at &plusmn;{scale:g} from it. <b>Green</b>: at or above the "
+        "threshold, one of the batch's high-entropy minority: only these tokens learn, with their rollout's "
+        "sequence advantage; <b>red</b>: below it, no gradient."),
 }
 
 
@@ -63,8 +68,9 @@ def _token(text: str) -> str:
 def token_heatmap(path: str, title: str, question: str, rollouts: list, kind: str = "ktae", centre: float = None,
                   scale: float = 1.0):
     """Write an HTML page for one group. rollouts: list of (tokens: list[str], values: list[float], reward: float,
-    advantage: float), advantage being the rollout's sequence advantage A_i (G1). kind: 'ktae' (centre 0) or
-    'oar' (centre 1), which picks the legend; scale: the distance from the centre at full colour."""
+    advantage: float), advantage being the rollout's sequence advantage A_i (G1). kind: 'ktae' (centre 0),
+    'oar' (centre 1) or 'entropy' (centre: E1's threshold, given), which picks the legend; scale: the distance from
+    the centre at full colour."""
     if kind not in LEGENDS:
         raise ValueError(f"kind must be one of {sorted(LEGENDS)}, got {kind!r}")
     if centre is None:
@@ -78,7 +84,7 @@ def token_heatmap(path: str, title: str, question: str, rollouts: list, kind: st
                     f'sequence advantage {adv:+.3f}</div><div class="t">{spans}</div></div>')
     swatches = " ".join(f'<span class="sw"{_attr(v, centre, scale)}>{v:+.2f}</span>'
                         for v in (centre + f * scale for f in (-1, -0.5, 0, 0.5, 1)))
-    legend = LEGENDS[kind].format(scale=scale, hi=centre + scale, lo=centre - scale)
+    legend = LEGENDS[kind].format(scale=scale, hi=centre + scale, lo=centre - scale, centre=centre)
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>
 body {{ font-family: sans-serif; margin: 2em; max-width: 60em; color: #111; }}
 .r {{ margin: 1em 0; }} .h {{ color: #444; font-size: 90%; margin-bottom: 0.2em; }}

@@ -133,12 +133,13 @@ def build_model(tokenizer, seed: int = 0) -> Qwen2ForCausalLM:
 # --------------------------------------------------------------------------------------------------
 # Warm start: a short supervised pass, so that the model starts partly right
 
-def sft_batch(tokenizer, problems: list):
-    """Teacher-forcing batch: ids [B, L] (right-padded), labels [B, L] with -100 on the prompt and padding."""
+def sft_batch(tokenizer, problems: list, solutions: list = None):
+    """Teacher-forcing batch: ids [B, L] (right-padded), labels [B, L] with -100 on the prompt and padding.
+    solutions: the targets (default: solution(q) of each problem)."""
     rows = []
-    for q in problems:
+    for i, q in enumerate(problems):
         p = tokenizer(prompt(q))["input_ids"]
-        s = tokenizer(solution(q))["input_ids"] + [tokenizer.eos_token_id]
+        s = tokenizer(solutions[i] if solutions else solution(q))["input_ids"] + [tokenizer.eos_token_id]
         rows.append((p + s, [-100] * len(p) + s))
     L = max(len(r[0]) for r in rows)
     ids = torch.full((len(rows), L), tokenizer.pad_token_id, dtype=torch.long)  # [B, L]
@@ -149,21 +150,28 @@ def sft_batch(tokenizer, problems: list):
 
 
 def warm_start(model, tokenizer, steps: int = 250, batch_size: int = 64, lr: float = 1e-3, seed: int = 0,
-               progress=None) -> float:
+               progress=None, task=None) -> float:
     """Supervised next-token training on worked solutions of training problems (held-out set excluded).
 
     AdamW, 30 warm-up steps, then a constant learning rate. With these defaults (about 50 s on 2 cores) the
     model reaches 0.49 greedy and about 0.33 sampled (temperature 1) on the held-out set; 400 steps give about
     0.89, which leaves RL too little to do. The rate is left constant on purpose: a warm start annealed to 0
     sat in a sharp spot that RL at lr 1e-4 knocked down (0.49 -> 0.23 in 200 steps).
+
+    task: another task of tasks.py (its problems, and its solutions, drawn with their own RNG); None: this world.
     """
-    rng, held_out = random.Random(seed), set(eval_problems())
+    rng, held_out = random.Random(seed), set(task.eval_problems() if task else eval_problems())
+    style_rng = random.Random(seed + 1)  # the task's choice of solution style (the tiny world has one)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = lambda s: min(1.0, (s + 1) / 30)  # noqa: E731
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     model.train()
     for _ in (progress or (lambda x: x))(range(steps)):
-        ids, labels = sft_batch(tokenizer, train_problems(rng, batch_size, held_out))
+        if task is None:
+            ids, labels = sft_batch(tokenizer, train_problems(rng, batch_size, held_out))
+        else:
+            qs = task.train_problems(rng, batch_size, held_out)
+            ids, labels = sft_batch(tokenizer, qs, [task.solution(q, style_rng) for q in qs])
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad()
         loss.backward()
@@ -172,19 +180,22 @@ def warm_start(model, tokenizer, steps: int = 250, batch_size: int = 64, lr: flo
     return loss.item()
 
 
-def load_or_build(cache_dir: str = CACHE_DIR, seed: int = 0):
-    """The tiny base model and tokenizer: built and warm-started on first use, then read from disk.
+def load_or_build(cache_dir: str = CACHE_DIR, seed: int = 0, task=None):
+    """The tiny base model and tokenizer: built and warm-started on first use, then read from disk. task: another
+    task of tasks.py, warm-started with its settings into its own directory (.cache/NAME-base-seedS).
 
     The directory is an ordinary HF checkpoint (AutoModelForCausalLM / AutoTokenizer open it). It is written
     to a temporary name and renamed, so a run killed while building leaves no half-written model behind.
     """
-    path = os.path.join(cache_dir, f"tiny-base-seed{seed}")
+    path = os.path.join(cache_dir, f"{task.name if task else 'tiny'}-base-seed{seed}")
     if not os.path.exists(os.path.join(path, "model.safetensors")):
         from tqdm import tqdm
         tokenizer = build_tokenizer()
         model = build_model(tokenizer, seed)
-        print(f"building the tiny base model (once, cached in {path})")
-        warm_start(model, tokenizer, seed=seed, progress=lambda r: tqdm(r, desc="warm start", leave=False))
+        what = f"the {task.name} task's" if task else "the tiny"
+        print(f"building {what} base model (once, cached in {path})")
+        settings = dict(steps=task.warm_steps, batch_size=task.warm_batch, lr=task.warm_lr, task=task) if task else {}
+        warm_start(model, tokenizer, seed=seed, progress=lambda r: tqdm(r, desc="warm start", leave=False), **settings)
         tmp = path + f".tmp{os.getpid()}"
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

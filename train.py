@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 import checkpoint
 import config
+import credit
 import dapo
 import data
 import evaluate
@@ -41,7 +42,7 @@ import models
 import plots
 import reward
 import sample
-import tiny
+import tasks
 
 
 def main(argv=None):
@@ -106,7 +107,7 @@ def main(argv=None):
         # ---- 6. log -------------------------------------------------------------------------------------------
         times = {"time_sample": t_sample, "time_train": t_train, "time_step": time.time() - t_step,
                  "time_advantage": t_advantage}
-        record = step_record(run, step + 1, batch, rewards, mask, adv, checker, got, stats, times)
+        record = step_record(run, step + 1, batch, rewards, mask, adv, checker, got, stats, times, qs)
         warn_if_degenerate(run, record)
         run.log(record)
         bar.set_postfix(reward=f"{record['reward_mean']:.2f}", len=f"{record['response_len']:.1f}")
@@ -154,7 +155,7 @@ def start(args, ckpt) -> Run:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     problem_rng = random.Random(args.seed)
-    model, tokenizer, _ = models.load_model(ckpt or args.model)
+    model, tokenizer, _ = models.load_model(ckpt or args.model, task=args.task)
     if ckpt:
         checkpoint.check_finite(model, ckpt)
     model.to(args.device)
@@ -201,13 +202,14 @@ def load_task(args, tokenizer) -> dict:
     and gold answers; a held-out problem never appears in training."""
     notes = collections.Counter()  # the loader's fallbacks (an answer taken from the solution's box, ...), counted
     eval_problems, skipped = data.load(args.eval_dataset, "test", args.data_dir, args.eval_limit, notes=notes,
-                                       flag="--eval-dataset")
+                                       flag="--eval-dataset", task=args.task)
     eval_problems, lost = data.drop_unencodable(eval_problems, tokenizer)  # before the prompts add their instruction
     data.report(f"--eval-dataset {args.eval_dataset}", eval_problems, skipped + lost, notes)
     held_out = {p["question"] for p in eval_problems}
     if args.dataset == "tiny":
-        pool = ([data.tiny_problem(q) for q in tiny.train_problems(random.Random(args.seed), args.problem_pool,
-                                                                   held_out)] if args.problem_pool else None)
+        draw = tasks.TASKS[args.task].train_problems
+        pool = ([data.tiny_problem(q) for q in draw(random.Random(args.seed), args.problem_pool, held_out)]
+                if args.problem_pool else None)
     else:
         notes = collections.Counter()
         pool, skipped = data.load(args.dataset, data.train_split(args.dataset), args.data_dir, notes=notes,
@@ -229,7 +231,8 @@ def sample_round(run: Run, checker: dict):
     batch["correct"] [B * G] bool. checker counts what the grader met (reward.new_stats)."""
     args, tok, B = run.args, run.tokenizer, run.args.prompts_per_step
     qs = ([run.problem_rng.choice(run.task["pool"]) for _ in range(B)] if run.task["pool"] else
-          [data.tiny_problem(q) for q in tiny.train_problems(run.problem_rng, B, run.task["held_out"])])
+          [data.tiny_problem(q) for q in tasks.TASKS[args.task].train_problems(run.problem_rng, B,
+                                                                               run.task["held_out"])])
     prompt_ids = [tok(q["prompt"])["input_ids"] for q in qs]
     gen = args.gen_batch_size or B
     with amp(args):  # one autocast region per call: the bf16 copies of the weights are made once, not per token
@@ -323,7 +326,7 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int) 
 
 
 def step_record(run: Run, step: int, batch, rewards, mask, adv, checker: dict, got: dict, stats: dict,
-                times: dict) -> dict:
+                times: dict, problems: list) -> dict:
     """The step's line of metrics.jsonl."""
     correct = batch["correct"]  # [N]
     record = {
@@ -354,8 +357,25 @@ def step_record(run: Run, step: int, batch, rewards, mask, adv, checker: dict, g
         **{k: v for k, v in stats.items() if k not in ("grad_norm", "nonfinite_updates")},
         **grpo.advantage_concentration(adv.tokens, mask, adv.seq),  # O7: ESS-ratio, top-10 % mass
     }
+    if run.args.dataset == "tiny":  # a synthetic task: we know where each wrong rollout first went wrong
+        record.update(attribution(run, batch, mask, adv, problems))
     record["clip_frac"] = record["clip_low"] + record["clip_high"]
     return record
+
+
+def attribution(run: Run, batch, mask, adv, problems: list) -> dict:
+    """credit.py's rank, hit@1, hit@3 and AUC of the first error under the rule's blame (methods.Rule.blame), means
+    over the step's wrong rollouts that had a non-zero advantage (a group that mixed right and wrong: elsewhere no
+    rule assigns credit) and a first error among their scored tokens; credit_n counts them."""
+    G, resp = run.args.group_size, batch["input_ids"][:, batch["prompt_len"]:]  # [N, T]
+    for t in set(resp.flatten().tolist()) - run.pieces.keys():
+        run.pieces[t] = run.tokenizer.decode([t])
+    pieces = [[run.pieces[t] for t in row] for row in resp.tolist()]
+    questions = [p["question"] for p in problems for _ in range(G)]
+    wrong = ~batch["correct"] & (adv.seq != 0)  # [N]
+    blame = methods.RULES[run.args.rule].blame(adv, batch)  # [N, T]
+    return credit.batch_attribution(tasks.TASKS[run.args.task], questions, pieces, wrong.cpu(), blame.detach().cpu(),
+                                    mask.cpu())
 
 
 # A run that has stopped learning says so in the log: over the last DEGENERATE_WINDOW steps every sampled answer was
@@ -437,8 +457,8 @@ def finish(run: Run):
 
 def write_heatmap(args, step, tokenizer, qs, batch, mask, rewards, adv):
     """RUN_DIR/heatmaps/stepN.html: the first group of this batch that mixes right and wrong answers, every token
-    coloured by the rule's per-token values (KTAE's key-token values, OAR's weights), each rollout with its reward
-    and sequence advantage (plots.token_heatmap builds the page and its legend)."""
+    coloured by the rule's per-token values (KTAE's key-token values, OAR's weights, E1's entropies), each rollout
+    with its reward and sequence advantage (plots.token_heatmap builds the page and its legend)."""
     G, resp, kind = args.group_size, batch["input_ids"][:, batch["prompt_len"]:], methods.RULES[args.rule].heatmap
     mixed = [g for g in range(len(qs)) if 0 < (rewards[g] > 0).sum() < G]
     if not mixed:
@@ -450,9 +470,13 @@ def write_heatmap(args, step, tokenizer, qs, batch, mask, rewards, adv):
         tokens = [tokenizer.decode([t]) for t in resp[i, :n].tolist()]
         rollouts.append((tokens, adv.values[i, :n].tolist(), rewards[g, i - g * G].item(), adv.seq[i].item()))
     os.makedirs(os.path.join(args.run_dir, "heatmaps"), exist_ok=True)
+    what = {"oar": "OAR weights", "ktae": "key-token values", "entropy": "sampling entropy"}[kind]
+    centre = None  # the kind's own (KTAE 0, OAR 1); the entropy rule's is the batch's threshold (E1)
+    if kind == "entropy":
+        centre = methods.entropy_threshold(batch["entropy"], mask, args.top_entropy_quantile)
     plots.token_heatmap(os.path.join(args.run_dir, "heatmaps", f"step{step}.html"),
-                        f"{args.method}: {'OAR weights' if kind == 'oar' else 'key-token values'}, step {step}",
-                        qs[g]["prompt"], rollouts, kind=kind, scale=args.oar_beta if kind == "oar" else 1.0)
+                        f"{args.method}: {what}, step {step}", qs[g]["prompt"], rollouts, kind=kind, centre=centre,
+                        scale=args.oar_beta if kind == "oar" else 1.0)
 
 
 def amp(args):

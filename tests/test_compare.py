@@ -22,12 +22,16 @@ def test_compare_two_methods_writes_plots_and_a_table_from_the_metrics(base, tmp
         recs = [json.loads(line) for line in open(os.path.join(out, f"{method}-seed0", "metrics.jsonl"))]
         evals = [r for r in recs if "eval_accuracy" in r]
         assert [e["step"] for e in evals] == [0, 3]
-        seeds, before, after, length, ess, minutes = rows[method]
+        seeds, before, after, length, ess, minutes, rank, hit1, hit3, auc = rows[method]
         assert seeds == "1" and float(before) == round(evals[0]["eval_accuracy"], 3)
         assert after == f"{evals[-1]['eval_accuracy']:.3f} +- 0.000"
-        assert float(length) == round(evals[-1]["eval_response_len"], 1)
-        assert float(ess) == round(statistics.mean(r["ess_ratio"] for r in recs if "ess_ratio" in r), 3)
+        assert length == f"{evals[-1]['eval_response_len']:.3f} +- 0.000"
+        # a step where every group agreed has no advantage and logs ess_ratio null, which the table leaves out
+        assert float(ess) == round(statistics.mean(r["ess_ratio"] for r in recs if r.get("ess_ratio") is not None), 3)
         assert float(minutes) == round(sum(r["time_step"] for r in recs if "time_step" in r) / 60, 1)
+        for cell, key in zip((rank, hit1, hit3, auc), compare.CREDIT):  # one seed: the mean over its steps, std 0
+            assert cell == f"{statistics.mean(r[key] for r in recs if key in r):.3f} +- 0.000"
+        assert method != "grpo" or auc == "0.500 +- 0.000"  # GRPO blames every token alike
     capsys.readouterr()
     compare.main(args)  # everything finished: reused, nothing rerun
     assert "running" not in capsys.readouterr().out
