@@ -61,8 +61,10 @@ def _attr(value: float, centre: float, scale: float) -> str:
 
 
 def _token(text: str) -> str:
-    """A token as HTML: a newline shows as a visible mark and then breaks the line (the page is pre-wrap)."""
-    return html.escape(text).replace("\n", "&#8629;\n") or "&nbsp;"
+    """A token as HTML: a newline shows as a visible mark and then breaks the line (the page is pre-wrap); a space
+    shows as a faint dot, so that a BPE token's leading space (" the", " \\boxed") is seen as part of it."""
+    return (html.escape(text).replace(" ", '<i class="sp">&middot;</i>&#8203;').replace("\n", "&#8629;\n")
+            or "&nbsp;")
 
 
 def token_heatmap(path: str, title: str, question: str, rollouts: list, kind: str = "ktae", centre: float = None,
@@ -90,6 +92,7 @@ body {{ font-family: sans-serif; margin: 2em; max-width: 60em; color: #111; }}
 .r {{ margin: 1em 0; }} .h {{ color: #444; font-size: 90%; margin-bottom: 0.2em; }}
 .q, .t {{ font-family: monospace; font-size: 120%; line-height: 1.8; white-space: pre-wrap; }}
 .t span, .sw {{ padding: 1px 0; color: #111; }} .sw {{ font-family: monospace; padding: 1px 4px; }}
+.t span {{ border-right: 1px solid rgba(0, 0, 0, 0.15); }} .sp {{ color: #999; font-style: normal; }}
 .legend {{ background: #f6f6f6; padding: 0.6em 0.9em; border-radius: 4px; font-size: 92%; line-height: 1.5; }}
 </style></head><body><h2>{html.escape(title)}</h2>
 <p><b>Question</b> (the prompt as the model saw it):</p><div class="q">{html.escape(question)}</div>
