@@ -143,6 +143,9 @@ class Rule:
     check: Callable = None  # (args) -> an error message for settings that make the rule meaningless, or None
     heatmap: str = None  # the kind of token heat map to write (plots.token_heatmap), or None
     blame: Callable = _alike  # (TokenAdvantages, batch) -> [N, T], higher = more to blame for a wrong answer
+    # What a rule reads beyond ids, masks and rewards; trl_grpo.py, whose sampler keeps neither, acts on it:
+    reads_scores: bool = True  # batch["logprobs"] / batch["entropy"] of the sampled tokens (TRL: an extra forward)
+    per_rollout: bool = False  # each rollout scored alone with the policy (OAR): TRL splits it across processes
 
 
 def _ktae_check(args):
@@ -154,12 +157,13 @@ def _ktae_check(args):
 # blame: KTAE's most negative key-token value, OAR's highest weight (a wrong rollout's advantage is negative, so
 # its largest weight takes the most blame), the entropy rule's highest entropy
 RULES = {
-    "none": Rule(none),
-    "ktae": Rule(key_tokens, check=_ktae_check, heatmap="ktae", blame=lambda adv, batch: -adv.values),
+    "none": Rule(none, reads_scores=False),
+    "ktae": Rule(key_tokens, check=_ktae_check, heatmap="ktae", blame=lambda adv, batch: -adv.values,
+                 reads_scores=False),
     "oar-p": Rule(outcome_grounded("perturb"), defaults={"oar_probe": "last"}, heatmap="oar",
-                  blame=lambda adv, batch: adv.values),
+                  blame=lambda adv, batch: adv.values, reads_scores=False, per_rollout=True),
     "oar-g": Rule(outcome_grounded("gradient"), defaults={"oar_probe": "answer_mean"}, heatmap="oar",
-                  blame=lambda adv, batch: adv.values),
+                  blame=lambda adv, batch: adv.values, reads_scores=False, per_rollout=True),
     "entropy": Rule(high_entropy, heatmap="entropy", blame=lambda adv, batch: adv.values),
 }
 

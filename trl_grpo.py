@@ -22,7 +22,7 @@ earlier iterations, and the objective would change under the optimizer.]
 
 Rules that read the sampler's log-probs or entropies (batch["logprobs"], batch["entropy"]) get them from one
 no-grad forward of TRL's scorer after generation (TRL's generate does not keep them); the built-in rules, which
-read only ids, masks and rewards, skip it (RULES_WITHOUT_SCORES).
+read only ids, masks and rewards, skip it (methods.Rule.reads_scores False).
 
 DAPO inside TRL takes TRL's options: D1 epsilon_high, D3 loss_type "dapo" (token-mean over the generation batch),
 D4 the reward functions below (+-1 and the soft overlong penalty) and mask_truncated_completions (the overlong
@@ -45,10 +45,6 @@ import reward
 # G5's aggregations and TRL's loss_type that computes each (TRL divides by its own counts: "grpo" by each
 # micro-batch's rollouts, "dapo" by the generation batch's tokens, "dr_grpo" by rollouts x max_completion_length)
 LOSS_TYPE = {"seq-mean-token-mean": "grpo", "token-mean": "dapo", "seq-mean-token-sum-norm": "dr_grpo"}
-# rules that read no log-prob or entropy of the sampled tokens: no extra forward for them
-RULES_WITHOUT_SCORES = {"none", "ktae", "oar-p", "oar-g"}
-# rules whose values for a rollout depend on its group alone and cost a forward: each process computes its own groups
-PER_GROUP_RULES = {"oar-p", "oar-g"}
 
 
 def rule_args(method: str, *, group_size: int, max_new_tokens: int, device: str, bf16: bool = False,
@@ -111,9 +107,10 @@ def our_batch(prompt_ids, prompt_mask, completion_ids, lengths, end_ids) -> dict
 
 def rule_advantages(rule: str, batch: dict, rewards, mask, ctx, rows: slice) -> methods.TokenAdvantages:
     """The rule on the gathered batch (groups of G consecutive rows; rewards [B, G], mask [N, T]), for `rows`.
-    A rule in PER_GROUP_RULES runs on the groups that hold those rows only; any other on the whole batch."""
+    A rule that scores each rollout alone (methods.Rule.per_rollout, OAR) runs on the groups that hold those rows
+    only; any other on the whole batch."""
     G = rewards.shape[1]
-    if rule not in PER_GROUP_RULES:
+    if not methods.RULES[rule].per_rollout:
         adv = methods.RULES[rule].advantages(batch, rewards, mask, ctx)
         return methods.TokenAdvantages(*(None if x is None else x[rows] for x in adv))
     g0, g1 = rows.start // G, -(-rows.stop // G)  # the groups that hold rows start .. stop - 1
@@ -164,7 +161,7 @@ class RuleGRPOTrainer(GRPOTrainer):
                           gather(out["completion_ids"], pad), acc.gather(lengths),
                           [*self.eos_token_ids, pad])  # [N, ...]
         mask = gather(loss_mask, 0)  # [N, T]
-        if self.rule_args.rule not in RULES_WITHOUT_SCORES:
+        if methods.RULES[self.rule_args.rule].reads_scores:
             batch["logprobs"], batch["entropy"] = (gather(x, 0.0) * batch["response_mask"]
                                                    for x in self._scores(out, lengths))  # [N, T]
         rewards = (self._rewards_per_func * self.reward_weights.to(acc.device)).nansum(dim=1).view(-1, G)  # [B, G]
