@@ -130,7 +130,7 @@ def parse_args(argv=None):
     args.oar_probe = args.oar_probe or "answer_mean"  # (used by OAR's rules only)
     args.oar_chunk = args.oar_chunk or (64 if args.model == "tiny" else 8)
     if args.oar_cue is None:
-        args.oar_cue = "\\boxed{" if args.model == "tiny" else "\nTherefore, the final answer is \\boxed{"
+        args.oar_cue = "\\boxed{" if args.dataset == "tiny" else "\nTherefore, the final answer is \\boxed{"
     args.run_dir = args.run_dir or os.path.join("runs", f"{args.method}-seed{args.seed}")
     check_args(p, args)
     return args
