@@ -163,7 +163,7 @@ def start(args, ckpt) -> Run:
         model.activation_checkpointing_enable()
     ref_model = None
     if args.beta > 0:
-        ref_model, _, _ = models.load_model(args.model)
+        ref_model, _, _ = models.load_model(args.model, task=args.task)
         ref_model.eval().requires_grad_(False)
         ref_model.to("cpu" if args.ref_on_cpu else args.device, dtype=torch.bfloat16 if args.bf16 else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
