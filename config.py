@@ -16,9 +16,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=methods.names(), default="grpo", metavar="METHOD",
                    help="BASE+RULE (methods.py): grpo, dapo (its preset below), ktae = grpo+ktae, dapo+ktae, "
                         "oar-p / oar-g = grpo+oar-p / grpo+oar-g, dapo+oar-g, ...")
-    p.add_argument("--model", default="tiny", help="'tiny' (built here), 'smollm2-135m' (a real 135M model that installs "
-                                                   "offline, models.py), a GGUF file, a local HF model directory, or "
-                                                   "a hub name")
+    p.add_argument("--model", default="tiny",
+                   help="'tiny' (built here), 'smollm2-135m' (a real 135M model that installs offline, models.py), "
+                        "a GGUF file, a local HF model directory, or a hub name")
     p.add_argument("--run-dir", default=None, help="default: runs/METHOD-seedSEED")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint (same method and task)")
     p.add_argument("--overwrite", action="store_true", help="start over in a RUN_DIR that holds another run, deleting it")
@@ -93,8 +93,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--oar-chunk", type=int, default=None,
                    help="sequences per scoring forward (O2: perturbed copies; O3: rollouts); default 64 on the tiny "
                         "world, 8 for other models (OAR-G keeps every layer's activations: ~1.2 MB a token at 1.5B)")
-    p.add_argument("--oar-cue", default=None, help="the conclude cue appended after the reasoning (the tiny world: "
-                                                    "its own '\\boxed{'; other models: OAR's sentence, EQUATIONS.md#oar-spans)")
+    p.add_argument("--oar-cue", default=None,
+                   help="the conclude cue appended after the reasoning (the tiny world's data: its own '\\boxed{'; "
+                        "other data: OAR's sentence, EQUATIONS.md#oar-spans)")
     # the high-entropy minority (methods.py E1)
     p.add_argument("--top-entropy-quantile", type=float, default=0.2,
                    help="E1: the share of the batch's tokens, by sampling entropy, that the entropy rule trains on")

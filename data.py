@@ -198,7 +198,8 @@ def locate(name: str, split: str = "test", data_dir: str = DATA_DIR, flag: str =
         raise SystemExit(f"{flag} {name}: a local file must be a .jsonl file (one JSON object a line)")
     if "/" in name:  # a hub name, "owner/dataset" or "owner/dataset:config"
         return name
-    raise SystemExit(f"{flag} {name}: unknown (known: {', '.join(BENCHMARKS)}, {', '.join(GENERATED)}, a .jsonl file, or a hub name)")
+    raise SystemExit(f"{flag} {name}: unknown (known: {', '.join(BENCHMARKS)}, {', '.join(GENERATED)}, a .jsonl "
+                     f"file, or a hub name)")
 
 
 def read_rows(name: str, split: str, data_dir: str, notes=None, flag: str = "dataset"):

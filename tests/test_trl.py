@@ -90,7 +90,8 @@ def test_advantages_handed_to_trl_are_ours(fixed, tmp_path, monkeypatch, method,
 
 @pytest.mark.parametrize("mask_truncated", [False, True])
 def test_a_new_rule_reading_logprobs_and_entropy_works_unchanged(fixed, tmp_path, monkeypatch, mask_truncated):
-    # a rule that reads scores (methods.Rule.reads_scores, the default) gets log pi_old and the entropy of each sampled token from TRL's scorer:
+    # a rule that reads scores (methods.Rule.reads_scores, the default) gets log pi_old and the entropy of each
+    # sampled token from TRL's scorer:
     # they must be what our sampler recorded while sampling the same tokens, truncated rollouts included when
     # TRL's mask_truncated_completions takes them out of its masks
     model, tok, problems, batch, rewards = fixed
