@@ -312,8 +312,7 @@ def load(name: str, split: str = "test", data_dir: str = DATA_DIR, limit: int = 
     used, in file order. `notes` (a collections.Counter), when given, counts what was filled in or passed over
     (see normalise and read_jsonl); report() prints both. `limit` keeps the first N usable problems."""
     if name == "tiny":  # the tiny world's 256 held-out problems (of --task), in its own prompt format
-        held_out = tiny.eval_problems() if task == "tiny" else tasks.TASKS[task].eval_problems()
-        return [tiny_problem(q, f"{task}[{i}]") for i, q in enumerate(held_out[:limit])], []
+        return [tiny_problem(q, f"{task}[{i}]") for i, q in enumerate(tasks.TASKS[task].eval_problems()[:limit])], []
     if name == "arith":
         return arith_problems(split, limit), []
     rows, skipped = read_rows(name, split, data_dir, notes, flag)

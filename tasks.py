@@ -44,22 +44,12 @@ class Task:
         return viable(q, text, self.padded)
 
     def eval_problems(self, n: int = tiny.N_EVAL) -> list:
-        """The fixed held-out set: n distinct problems drawn with the task's own seed."""
-        rng, seen = random.Random(self.eval_seed), []
-        while len(seen) < n:
-            q = self.make_problem(rng)
-            if q not in seen:
-                seen.append(q)
-        return seen
+        """The fixed held-out set: n distinct problems drawn with the task's own seed (tiny.eval_problems)."""
+        return tiny.eval_problems(self.eval_seed, n, self.make_problem)
 
     def train_problems(self, rng: random.Random, n: int, held_out: set) -> list:
-        """n training problems, none of them held out (rejection sampling)."""
-        out = []
-        while len(out) < n:
-            q = self.make_problem(rng)
-            if q not in held_out:
-                out.append(q)
-        return out
+        """n training problems, none of them held out (tiny.train_problems)."""
+        return tiny.train_problems(rng, n, held_out, self.make_problem)
 
 
 # --------------------------------------------------------------------------------------------------

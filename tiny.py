@@ -70,21 +70,22 @@ def solution(q: str) -> str:
     return "\n".join(lines) + "\n\\boxed{" + answer(q) + "}"
 
 
-def eval_problems(seed: int = 1234, n: int = N_EVAL) -> list:
-    """The fixed held-out set: n distinct problems drawn with their own seed."""
+def eval_problems(seed: int = 1234, n: int = N_EVAL, make=make_problem) -> list:
+    """The fixed held-out set: n distinct problems drawn with their own seed (make: another task's problem maker,
+    tasks.py)."""
     rng, seen = random.Random(seed), []
     while len(seen) < n:
-        q = make_problem(rng)
+        q = make(rng)
         if q not in seen:
             seen.append(q)
     return seen
 
 
-def train_problems(rng: random.Random, n: int, held_out: set) -> list:
-    """n training problems, none of them in the held-out set (rejection sampling)."""
+def train_problems(rng: random.Random, n: int, held_out: set, make=make_problem) -> list:
+    """n training problems, none of them in the held-out set (rejection sampling; make: as eval_problems)."""
     out = []
     while len(out) < n:
-        q = make_problem(rng)
+        q = make(rng)
         if q not in held_out:
             out.append(q)
     return out
@@ -160,6 +161,7 @@ def warm_start(model, tokenizer, steps: int = 250, batch_size: int = 64, lr: flo
 
     task: another task of tasks.py (its problems, and its solutions, drawn with their own RNG); None: this world.
     """
+    make, solve = (task.make_problem, task.solution) if task else (make_problem, lambda q, rng: solution(q))
     rng, held_out = random.Random(seed), set(task.eval_problems() if task else eval_problems())
     style_rng = random.Random(seed + 1)  # the task's choice of solution style (the tiny world has one)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -167,11 +169,8 @@ def warm_start(model, tokenizer, steps: int = 250, batch_size: int = 64, lr: flo
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     model.train()
     for _ in (progress or (lambda x: x))(range(steps)):
-        if task is None:
-            ids, labels = sft_batch(tokenizer, train_problems(rng, batch_size, held_out))
-        else:
-            qs = task.train_problems(rng, batch_size, held_out)
-            ids, labels = sft_batch(tokenizer, qs, [task.solution(q, style_rng) for q in qs])
+        qs = train_problems(rng, batch_size, held_out, make)
+        ids, labels = sft_batch(tokenizer, qs, [solve(q, style_rng) for q in qs])
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad()
         loss.backward()

@@ -36,7 +36,8 @@ class ScriptArguments:
                                                             "--oar-q 0.4' (config.py checks them)"})
     model: str = field(default="tiny", metadata={"help": "'tiny', a local HF model directory, or a hub name"})
     dataset: str = field(default="tiny", metadata={"help": "training problems: tiny (fresh), gsm8k, a .jsonl, ..."})
-    eval_dataset: str = field(default=None, metadata={"help": "held-out problems (tiny: its 256; else math500)"})
+    eval_dataset: str = field(default=None, metadata={"help": "held-out problems (tiny, arith: their own; else "
+                                                               "math500)"})
     eval_limit: int = field(default=256, metadata={"help": "first N held-out problems"})
     eval_batch_size: int = field(default=256, metadata={"help": "prompts per generate call when evaluating"})
     data_dir: str = field(default=data.DATA_DIR, metadata={"help": "where the benchmark files are"})
@@ -73,7 +74,7 @@ def parse(argv=None):
 
 def problems(script, cfg, tokenizer, n_train: int):
     """(train, held_out): problem dicts with prompt and answer. Tiny: n_train fresh problems, none held out."""
-    name = script.eval_dataset or ("tiny" if script.dataset == "tiny" else "math500")
+    name = script.eval_dataset or (script.dataset if script.dataset in data.GENERATED else "math500")  # as train.py
     held_out, _ = data.load(name, "test", script.data_dir, script.eval_limit, flag="--eval_dataset")
     held_out, _ = data.drop_unencodable(held_out, tokenizer)
     if script.dataset == "tiny":
@@ -83,7 +84,7 @@ def problems(script, cfg, tokenizer, n_train: int):
         train, _ = data.load(script.dataset, data.train_split(script.dataset), script.data_dir, flag="--dataset")
         train, _ = data.drop_unencodable(train, tokenizer)
     for p in train + held_out:
-        p["prompt"] = p.get("prompt") or data.build_prompt(tokenizer, p["question"])
+        p["prompt"] = p.get("prompt") or data.build_prompt(tokenizer, p["question"], p.get("shots", ()))
     return train, held_out
 
 
