@@ -1,5 +1,6 @@
-"""train.py's flags: the parser, the presets of --method (methods.py), and every check made before anything heavy
-runs (a bad value is one argparse error naming the flag). `python train.py --help` lists them with defaults."""
+"""train.py's flags: the parser, the presets of --method (methods.py) and of --dataset (data.py), and every check
+made before anything heavy runs (a bad value is one argparse error naming the flag). `python train.py --help` lists
+them with defaults. The flags evaluate.py shares with train.py are declared once, in add_shared_flags."""
 import argparse
 import os
 
@@ -7,39 +8,37 @@ import torch
 
 import data
 import methods
-import tasks
+from infra import models
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Critic-free RL for math reasoning: GRPO, DAPO, KTAE, OAR (train.py)",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_shared_flags(p)
     p.add_argument("--method", choices=methods.names(), default="grpo", metavar="METHOD",
                    help="BASE+RULE (methods.py): grpo, dapo (its preset below), ktae = grpo+ktae, dapo+ktae, "
                         "oar-p / oar-g = grpo+oar-p / grpo+oar-g, dapo+oar-g, ...")
-    p.add_argument("--model", default="tiny",
-                   help="'tiny' (built here), 'smollm2-135m' (a real 135M model that installs offline, models.py), "
-                        "a GGUF file, a local HF model directory, or a hub name")
     p.add_argument("--run-dir", default=None, help="default: runs/METHOD-seedSEED")
-    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint (same method and task)")
-    p.add_argument("--overwrite", action="store_true", help="start over in a RUN_DIR that holds another run, deleting it")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint (same method and data)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in a RUN_DIR that holds another run, deleting it")
     p.add_argument("--seed", type=int, default=0, help="fixes the problems drawn, the sampling and the initial RNG")
     # the task
-    p.add_argument("--dataset", default="tiny",
-                   help="training problems: tiny or arith (generated), gsm8k, math500, a .jsonl file, or a hub name")
-    p.add_argument("--task", choices=list(tasks.TASKS), default="tiny",
-                   help="the synthetic task of --model tiny --dataset tiny (tasks.py): tiny, or chain (2-5 operands, "
-                        "concise and padded solutions; its own warm-started model)")
-    p.add_argument("--eval-dataset", default=None, help="held-out problems (tiny: its 256; else default math500)")
+    p.add_argument("--dataset", default=data.DEFAULT,
+                   help=f"training problems: {', '.join(data.DATASETS)} (data.py: tiny and chain are tasks of the tiny "
+                        f"world, made here; arith too), a .jsonl file, or a hub name")
+    p.add_argument("--eval-dataset", default=None, help="held-out problems (default: the data's own: tiny, chain and "
+                                                        "arith their held-out sets, others math500)")
     p.add_argument("--eval-limit", type=int, default=256, help="first N held-out problems")
-    p.add_argument("--data-dir", default=data.DATA_DIR, help="where the benchmark files are (else: the hub)")
     # sampling
     p.add_argument("--steps", type=int, default=400, help="RL steps (each: one batch of rollouts, --mu updates)")
     p.add_argument("--max-minutes", type=float, default=None,
-                   help="stop after this much training wall time (then evaluate and save): compare methods at equal time")
+                   help="stop after this much training wall time (then evaluate and save): compare methods at equal "
+                        "time")
     p.add_argument("--prompts-per-step", type=int, default=16, help="B, prompts per step")
     p.add_argument("--group-size", type=int, default=8, help="G, rollouts per prompt")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="response length limit; longer ones are truncated (default: the task's, 48 for tiny, 128 for "
+                   help="response length limit; longer ones are truncated (default: the data's, 48 for tiny, 128 for "
                         "chain; 48 for other datasets)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (also applied in the loss)")
     p.add_argument("--problem-pool", type=int, default=0,
@@ -51,7 +50,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=5e-5, help="AdamW learning rate (the tiny model; 1e-6 for 1.5B)")
     p.add_argument("--warmup-steps", type=int, default=10, help="linear learning-rate warm-up, then constant")
     p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient's global norm to this")
-    p.add_argument("--mu", type=int, default=1, help="optimizer updates per batch of rollouts (G3: the clip binds when > 1)")
+    p.add_argument("--mu", type=int, default=1,
+                   help="optimizer updates per batch of rollouts (G3: the clip binds when > 1)")
     p.add_argument("--micro-batch-size", type=int, default=64, help="rollouts per training forward (accumulated)")
     # the objective
     p.add_argument("--beta", type=float, default=0.0, help="G4 KL weight; 0 loads no reference model")
@@ -92,58 +92,73 @@ def parser() -> argparse.ArgumentParser:
                    help="O1 outcome probe (oar-p: last; oar-g: answer_mean)")
     p.add_argument("--oar-chunk", type=int, default=None,
                    help="sequences per scoring forward (O2: perturbed copies; O3: rollouts); default 64 on the tiny "
-                        "world, 8 for other models (OAR-G keeps every layer's activations: ~1.2 MB a token at 1.5B)")
+                        "model, 8 for other models (OAR-G keeps every layer's activations)")
     p.add_argument("--oar-cue", default=None,
-                   help="the conclude cue appended after the reasoning (the tiny world's data: its own '\\boxed{'; "
-                        "other data: OAR's sentence, EQUATIONS.md#oar-spans)")
+                   help="the conclude cue appended after the reasoning (default: the data's; the tiny world's own "
+                        "'\\boxed{', OAR's sentence elsewhere: EQUATIONS.md#oar-spans)")
     # the high-entropy minority (methods.py E1)
     p.add_argument("--top-entropy-quantile", type=float, default=0.2,
                    help="E1: the share of the batch's tokens, by sampling entropy, that the entropy rule trains on")
     # evaluation and saving
-    p.add_argument("--eval-every", type=int, default=50, help="greedy held-out evaluation every N steps (and at the end)")
+    p.add_argument("--eval-every", type=int, default=50,
+                   help="greedy held-out evaluation every N steps (and at the end)")
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
     # hardware
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, ...")
-    p.add_argument("--bf16", action="store_true",
-                   help="bf16 autocast for sampling, scoring and the training forward (GPU); the weights, gradients "
-                        "and AdamW states stay float32, since a 1e-6 update is below a bf16 weight's precision")
     p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward (GPU memory)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--dry-run", action="store_true", help="print the memory plan for these settings and exit "
                                                           "(reads only the model's config.json)")
     p.add_argument("--gpu-memory", type=float, default=80, help="GiB to plan against when no GPU is visible")
     return p
 
 
+def add_shared_flags(p: argparse.ArgumentParser):
+    """The flags train.py and evaluate.py share, declared once: which model, where the data is, and the hardware."""
+    p.add_argument("--model", default=models.DEFAULT,
+                   help=f"{', '.join(models.MODELS)} (infra/models.py: {models.DEFAULT} is built here, the others "
+                        f"install offline), a GGUF file, a local HF model directory (a train.py checkpoint), or a "
+                        f"hub name")
+    p.add_argument("--data-dir", default=data.DATA_DIR, help="where the benchmark files are (else: the hub)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 autocast: matrix products in bf16, the weights (and training's gradients and AdamW "
+                        "states) float32, since a 1e-6 update is below a bf16 weight's precision")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice; on a "
+                                                             "shared machine pass what is yours)")
+
+
+def check_shared(p, args):
+    """The checks of add_shared_flags' values."""
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads {args.threads}: must be at least 1")
+
+
 def parse_args(argv=None):
-    """The flags, with the presets of --method's base and token rule filled in where a flag was not given."""
+    """The flags, with the presets of --method's base and token rule, and of --dataset, filled in where a flag was
+    not given."""
     p = parser()
     args = p.parse_args(argv)
     args.base, args.rule = methods.parse(args.method)
-    for k, v in {**methods.BASES[args.base], **methods.RULES[args.rule].defaults}.items():
+    ds = data.dataset(args.dataset)
+    for k, v in {**methods.BASES[args.base], **methods.RULES[args.rule].defaults(ds, args.model)}.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
     if args.max_new_tokens is None:
-        args.max_new_tokens = tasks.TASKS[args.task].max_new_tokens if args.dataset == "tiny" else 48
+        args.max_new_tokens = ds.max_new_tokens
     if args.overlong_buffer == "1/6":
         args.overlong_buffer = max(1, args.max_new_tokens // 6)
-    args.eval_dataset = args.eval_dataset or (args.dataset if args.dataset in data.GENERATED else "math500")
-    args.oar_probe = args.oar_probe or "answer_mean"  # (used by OAR's rules only)
-    args.oar_chunk = args.oar_chunk or (64 if args.model == "tiny" else 8)
-    if args.oar_cue is None:
-        args.oar_cue = "\\boxed{" if args.dataset == "tiny" else "\nTherefore, the final answer is \\boxed{"
+    args.eval_dataset = args.eval_dataset or ds.held_out
     args.run_dir = args.run_dir or os.path.join("runs", f"{args.method}-seed{args.seed}")
     check_args(p, args)
     return args
 
 
-
 def check_args(p, args):
     """Every flag checked before anything heavy runs: a bad value is one argparse error naming the flag, not a
     traceback after the model load or a run that silently does nothing."""
+    check_shared(p, args)
     at_least = {"steps": 1, "prompts_per_step": 1, "max_new_tokens": 1, "micro_batch_size": 1, "mu": 1,
                 "eval_every": 1, "save_every": 1, "eval_limit": 1, "eval_batch_size": 1, "max_sampling_rounds": 1,
-                "gen_batch_size": 0, "problem_pool": 0, "warmup_steps": 0, "threads": 1, "oar_chunk": 1}
+                "gen_batch_size": 0, "problem_pool": 0, "warmup_steps": 0, "oar_chunk": 1}
     for name, low in at_least.items():
         value = getattr(args, name)
         if value is not None and value < low:
@@ -166,9 +181,6 @@ def check_args(p, args):
         p.error(f"--oar-q {args.oar_q}: O5's quantile level must lie strictly between 0 and 1")
     if not 0 < args.top_entropy_quantile <= 1:
         p.error(f"--top-entropy-quantile {args.top_entropy_quantile}: E1's share of tokens must lie in (0, 1]")
-    if args.task != "tiny" and (args.model != "tiny" or args.dataset != "tiny"):
-        p.error(f"--task {args.task}: a synthetic task of the tiny world; it needs --model tiny and --dataset tiny "
-                f"(got --model {args.model} --dataset {args.dataset})")
     rule = methods.RULES[args.rule]
     if rule.check is not None and rule.check(args):
         p.error(rule.check(args))

@@ -25,36 +25,63 @@ import os
 import random
 import sys
 import unicodedata
+from dataclasses import dataclass
+from typing import Callable
 
 import reward
-import tasks
-import tiny
+from toyworld import tasks, tiny
 
 # the local copies of the benchmarks: $MATH_DATA_DIR, else ../shared/data beside the project
 DATA_DIR = os.environ.get("MATH_DATA_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
                                                            "shared", "data")
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
-# name -> local file per split (under the data directory), and the usual hub dataset (name, config, split).
-# The hub names are the ones the papers' evaluation code uses; this machine cannot reach the hub to check them.
-BENCHMARKS = {
-    "gsm8k": ({"test": "gsm8k/test.jsonl", "train": "gsm8k/train.jsonl"}, ("openai/gsm8k", "main")),
-    "math500": ({"test": "math500/test.jsonl"}, ("HuggingFaceH4/MATH-500", None)),
-    "aime24": ({"test": "aime24/test.jsonl"}, ("HuggingFaceH4/aime_2024", None)),
-    "aime25": ({"test": "aime25/test.jsonl"}, ("math-ai/aime25", None)),
-    "amc23": ({"test": "amc23/test.jsonl"}, ("math-ai/amc23", None)),
-    "minerva": ({"test": "minerva_math/test.jsonl"}, ("math-ai/minervamath", None)),
-    "olympiadbench": ({"test": "olympiadbench/test.jsonl"}, ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP")),
-}
+# OAR's conclude cue, appended after a rollout's reasoning (EQUATIONS.md#oar-spans): the paper's sentence
+OAR_CUE = "\nTherefore, the final answer is \\boxed{"
 
 
-# Generated sets, made here (no file, no hub): the tiny world (tiny.py), and `arith`, the real-model recipe's task
-# (README, "A real model on a CPU"): two-digit additions asked in words, "What is 59 + 63?". SmolLM2-135M-Instruct
-# gets about a quarter of them right greedily, so its groups mix right and wrong answers. Its prompt shows one
-# worked exchange first (ARITH_SHOT), the papers' instruction after each question: asked with the instruction
-# alone, the 135M model reasons at length and never writes a box (0 of 96 in a trial); after the exchange every
-# greedy answer was boxed. 256 of the 8,100 pairs are held out; training draws from the other 7,844.
-GENERATED = ("tiny", "arith")
+@dataclass(frozen=True)
+class Dataset:
+    """Everything a set of problems decides about itself, in one record (DATASETS): no other module tests a
+    dataset's name. A .jsonl file or a hub name gets the default record (dataset())."""
+    name: str
+    files: dict = None  # split -> file under the data directory (the published benchmarks)
+    hub: tuple = None  # (hub name, config): where a benchmark missing from the data directory is read from
+    make: Callable = None  # (split, limit) -> problems, for a set made here (no file, no hub)
+    world: object = None  # a task of the tiny world (toyworld/tasks.py): its own model (--model tiny), prompt and
+    # fresh training problems, and it knows where a wrong rollout first goes wrong (toyworld/credit.py)
+    max_new_tokens: int = 48  # the default --max-new-tokens
+    cue: str = OAR_CUE  # OAR's conclude cue (--oar-cue)
+    prompt_tokens: int = 512  # the prompt length --dry-run plans for
+    held_out: str = "math500"  # the held-out set when --eval-dataset is not given
+    reference: Callable = None  # (row) -> the benchmark's own reference answer, for `data.py --check`
+
+    @property
+    def made_here(self) -> bool:
+        return self.world is not None or self.make is not None
+
+    def prompt(self, tokenizer, problem: dict) -> str:
+        """The prompt the model sees: the world's own ("Q:7+8-9=?\\nA:"), else the chat template (build_prompt)."""
+        if self.world is not None:
+            return self.world.prompt(problem["question"])
+        return build_prompt(tokenizer, problem["question"], problem.get("shots", ()))
+
+
+def _world(task) -> Dataset:
+    """A task of the tiny world as a dataset: its own held-out set and budget; the cue is its own '\\boxed{' (its
+    reasoning ends with a newline, not a sentence); its prompts are about 16 tokens."""
+    return Dataset(task.name, world=task, max_new_tokens=task.max_new_tokens, cue="\\boxed{", prompt_tokens=16,
+                   held_out=task.name)
+
+
+def _benchmark(name: str, files: dict, hub: str, config: str = None, reference=None) -> Dataset:
+    return Dataset(name, files=files, hub=(hub, config), reference=reference or answer_reference)
+
+
+# `arith`: "What is 59 + 63?", sized so that a small real model gets some right and some wrong (its groups then mix,
+# and G1 has something to learn from). Its prompt shows one worked exchange first (ARITH_SHOT), the papers'
+# instruction after each question, because a small model asked with the instruction alone may never write a box
+# (the trials are in docs/LOG.md). 256 of the 8,100 pairs are held out; training draws from the other 7,844.
 ARITH_SHOT = ("What is 3 + 4?", "3 + 4 = 7. The final answer is \\boxed{7}.")
 ARITH_HELD_OUT = 256
 
@@ -66,6 +93,47 @@ def arith_problems(split: str, limit: int = None) -> list:
     pairs = pairs[:ARITH_HELD_OUT] if split == "test" else pairs[ARITH_HELD_OUT:]
     return [{"question": f"What is {a} + {b}?", "answer": str(a + b), "shots": [ARITH_SHOT],
              "where": f"arith[{split}][{i}]"} for i, (a, b) in enumerate(pairs[:limit])]
+
+
+def solution_reference(row: dict) -> str:
+    """MATH500's and Minerva's reference: their worked solution, which ends in a box."""
+    return row["solution"]
+
+
+def gsm8k_reference(row: dict) -> str:
+    """GSM8K's reference: the number after its "#### ", in a box."""
+    return f"So the answer is \\boxed{{{row['answer'].rsplit('####', 1)[1].strip()}}}."
+
+
+def answer_reference(row: dict) -> str:
+    """The others': the published answer field in a box inside a sentence (a list joined by ", ")."""
+    gold = row["final_answer"] if "final_answer" in row else row["answer"]
+    gold = ", ".join(g.replace("$", "") for g in gold) if isinstance(gold, list) else gold
+    return f"Therefore, the final answer is \\boxed{{{gold}}}."
+
+
+# The hub names are the ones the papers' evaluation code uses; this machine cannot reach the hub to check them.
+DATASETS = {d.name: d for d in [
+    *(_world(t) for t in tasks.TASKS.values()),
+    # two-digit additions in words, the real-model recipe's task
+    Dataset("arith", make=arith_problems, held_out="arith"),
+    _benchmark("gsm8k", {"test": "gsm8k/test.jsonl", "train": "gsm8k/train.jsonl"}, "openai/gsm8k", "main",
+               gsm8k_reference),
+    _benchmark("math500", {"test": "math500/test.jsonl"}, "HuggingFaceH4/MATH-500", None, solution_reference),
+    _benchmark("aime24", {"test": "aime24/test.jsonl"}, "HuggingFaceH4/aime_2024"),
+    _benchmark("aime25", {"test": "aime25/test.jsonl"}, "math-ai/aime25"),
+    _benchmark("amc23", {"test": "amc23/test.jsonl"}, "math-ai/amc23"),
+    _benchmark("minerva", {"test": "minerva_math/test.jsonl"}, "math-ai/minervamath", None, solution_reference),
+    _benchmark("olympiadbench", {"test": "olympiadbench/test.jsonl"}, "Hothan/OlympiadBench", "OE_TO_maths_en_COMP"),
+]}
+BENCHMARKS = [n for n, d in DATASETS.items() if d.files]  # the published sets
+DEFAULT = tiny.NAME  # --dataset's default: the tiny world's task
+
+
+def dataset(name: str) -> Dataset:
+    """The record of --dataset / --eval-dataset / --benchmarks NAME: a known set's, or the default one for a .jsonl
+    file or a hub name."""
+    return DATASETS.get(name) or Dataset(name)
 
 
 # What normalise() and read_jsonl() did to make rows usable: a collections.Counter whose keys are these templates
@@ -172,19 +240,20 @@ def read_jsonl(path: str, notes=None):
 
 
 def locate(name: str, split: str = "test", data_dir: str = DATA_DIR, flag: str = "--dataset") -> str:
-    """Where `name` will be read from, found without reading it (call it before loading any model): the tiny
-    world ("tiny"), a local .jsonl file, or a hub name "owner/dataset[:config]" (a known benchmark that is not in
+    """Where `name` will be read from, found without reading it (call it before loading any model): a set made
+    here (its name), a local .jsonl file, or a hub name "owner/dataset[:config]" (a known benchmark that is not in
     data_dir, or a hub name as given). Anything that cannot be found raises SystemExit with one line naming the
     flag and the path: an unknown name, a .jsonl file that does not exist, a split the set does not have, or a
     benchmark missing from data_dir while the hub is switched off (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE)."""
-    if name in GENERATED:
+    ds = dataset(name)
+    if ds.made_here:
         return name
     if name.endswith(".jsonl"):
         if not os.path.isfile(name):
             raise SystemExit(f"{flag} {name}: not found (no file {os.path.abspath(name)})")
         return name
-    if name in BENCHMARKS:
-        files, (hub, config) = BENCHMARKS[name]
+    if ds.files:
+        files, (hub, config) = ds.files, ds.hub
         if split not in files:
             raise SystemExit(f"{flag} {name}: no {split} split (it has {', '.join(files)})")
         path = os.path.join(data_dir, files[split])
@@ -198,8 +267,7 @@ def locate(name: str, split: str = "test", data_dir: str = DATA_DIR, flag: str =
         raise SystemExit(f"{flag} {name}: a local file must be a .jsonl file (one JSON object a line)")
     if "/" in name:  # a hub name, "owner/dataset" or "owner/dataset:config"
         return name
-    raise SystemExit(f"{flag} {name}: unknown (known: {', '.join(BENCHMARKS)}, {', '.join(GENERATED)}, a .jsonl "
-                     f"file, or a hub name)")
+    raise SystemExit(f"{flag} {name}: unknown (known: {', '.join(DATASETS)}, a .jsonl file, or a hub name)")
 
 
 def read_rows(name: str, split: str, data_dir: str, notes=None, flag: str = "dataset"):
@@ -294,27 +362,31 @@ def report(name: str, problems: list, skipped: list, notes=None, show: int = 5, 
     return line
 
 
-def tiny_problem(q: str, where: str = "tiny") -> dict:
-    """A tiny-world problem (of any task of tasks.py) in the loader's layout, with its own prompt ("Q:7+8-9=?\nA:")."""
-    return {"question": q, "answer": tiny.answer(q), "prompt": tiny.prompt(q), "where": where}
+def world_problem(task, q: str, where: str) -> dict:
+    """A problem of a tiny-world task (toyworld/tasks.py) in the loader's layout."""
+    return {"question": q, "answer": task.answer(q), "where": where}
 
 
 def train_split(name: str) -> str:
     """The split to train on: "train" where the set has one (GSM8K), else its only split, "test" (MATH500:
     then do not evaluate on it). Files and hub names: "train"."""
-    return "test" if name in BENCHMARKS and "train" not in BENCHMARKS[name][0] else "train"
+    files = dataset(name).files
+    return "test" if files and "train" not in files else "train"
 
 
 def load(name: str, split: str = "test", data_dir: str = DATA_DIR, limit: int = None, notes=None,
-         flag: str = "dataset", task: str = "tiny"):
-    """(problems, skipped): problems are dicts with question, answer and where ('file:line') (and prompt, for the
-    tiny world, whose prompts are its own); skipped lists 'file:line: why' for every line or row that could not be
-    used, in file order. `notes` (a collections.Counter), when given, counts what was filled in or passed over
-    (see normalise and read_jsonl); report() prints both. `limit` keeps the first N usable problems."""
-    if name == "tiny":  # the tiny world's 256 held-out problems (of --task), in its own prompt format
-        return [tiny_problem(q, f"{task}[{i}]") for i, q in enumerate(tasks.TASKS[task].eval_problems()[:limit])], []
-    if name == "arith":
-        return arith_problems(split, limit), []
+         flag: str = "dataset"):
+    """(problems, skipped): problems are dicts with question, answer and where ('file:line'); skipped lists
+    'file:line: why' for every line or row that could not be used, in file order. `notes` (a
+    collections.Counter), when given, counts what was filled in or passed over (see normalise and read_jsonl);
+    report() prints both. `limit` keeps the first N usable problems. A tiny-world task's held-out set is its 256
+    fixed problems, whatever the split."""
+    ds = dataset(name)
+    if ds.world is not None:
+        qs = ds.world.eval_problems()[:limit]
+        return [world_problem(ds.world, q, f"{name}[{i}]") for i, q in enumerate(qs)], []
+    if ds.make is not None:
+        return ds.make(split, limit), []
     rows, skipped = read_rows(name, split, data_dir, notes, flag)
     problems = []
     for where, row in rows:
@@ -326,6 +398,56 @@ def load(name: str, split: str = "test", data_dir: str = DATA_DIR, limit: int = 
         if limit and len(problems) >= limit:
             break
     return problems, sorted(skipped, key=_line_of)
+
+
+@dataclass
+class Problems:
+    """The problems of a run: where training problems come from (draw) and the held-out ones with their prompts.
+    A held-out question is never drawn for training."""
+    dataset: Dataset
+    pool: list  # the training problems, with their prompts; None: fresh problems of the tiny world each step
+    held_out: set  # the held-out questions
+    eval_prompts: list
+    eval_golds: list
+
+    def draw(self, rng: random.Random, n: int) -> list:
+        """n training problems with their prompts: from the pool, or fresh ones of the world."""
+        if self.pool:
+            return [rng.choice(self.pool) for _ in range(n)]
+        world = self.dataset.world
+        return [{**world_problem(world, q, world.name), "prompt": world.prompt(q)}
+                for q in world.train_problems(rng, n, self.held_out)]
+
+
+def run_problems(name: str, eval_name: str, tokenizer, *, data_dir: str = DATA_DIR, eval_limit: int = None,
+                 pool_size: int = 0, seed: int = 0, eval_flag: str = "--eval-dataset",
+                 flag: str = "--dataset") -> Problems:
+    """A run's problems (train.py, scaling/trl_train.py): the held-out set eval_name (its first eval_limit usable
+    problems), and the training set name; each row that cannot be used is reported with its file and line.
+    A tiny-world task trains on fresh problems each step, or on a fixed pool of pool_size drawn with seed."""
+    ds = dataset(name)
+    notes = collections.Counter()  # the loader's fallbacks (an answer taken from the solution's box, ...), counted
+    held, skipped = load(eval_name, "test", data_dir, eval_limit, notes=notes, flag=eval_flag)
+    held, lost = drop_unencodable(held, tokenizer)  # before the prompts add their instruction
+    report(f"{eval_flag} {eval_name}", held, skipped + lost, notes)
+    questions = {p["question"] for p in held}
+    if ds.world is not None:
+        pool = None
+        if pool_size:
+            qs = ds.world.train_problems(random.Random(seed), pool_size, questions)
+            pool = [world_problem(ds.world, q, name) for q in qs]
+    else:
+        notes = collections.Counter()
+        pool, skipped = load(name, train_split(name), data_dir, notes=notes, flag=flag)
+        pool, lost = drop_unencodable(pool, tokenizer)
+        report(f"{flag} {name}", pool, skipped + lost, notes)
+        if not pool:
+            sys.exit(f"{flag} {name}: no usable problem")
+        print(f"{len(pool)} training problems from {name}, {len(held)} held out from {eval_name}")
+    eval_ds = dataset(eval_name)
+    for p in pool or []:
+        p["prompt"] = ds.prompt(tokenizer, p)
+    return Problems(ds, pool, questions, [eval_ds.prompt(tokenizer, p) for p in held], [p["answer"] for p in held])
 
 
 def build_prompt(tokenizer, question: str, shots=()) -> str:
@@ -346,22 +468,10 @@ def build_prompt(tokenizer, question: str, shots=()) -> str:
     return f"{question}\n{INSTRUCTION}\n"
 
 
-def reference_response(name: str, row: dict) -> str:
-    """The benchmark's own reference, written as a model would answer, for checking the grader on real data:
-    MATH500 and Minerva their solution (its last box); GSM8K the number after "#### " in a box; the others the
-    published answer field in a box inside a sentence."""
-    if name in ("math500", "minerva"):
-        return row["solution"]
-    if name == "gsm8k":
-        return f"So the answer is \\boxed{{{row['answer'].rsplit('####', 1)[1].strip()}}}."
-    gold = row["final_answer"] if "final_answer" in row else row["answer"]
-    gold = ", ".join(g.replace("$", "") for g in gold) if isinstance(gold, list) else gold
-    return f"Therefore, the final answer is \\boxed{{{gold}}}."
-
-
 def check_references(name: str, data_dir: str = DATA_DIR, split: str = "test"):
-    """Grade every reference of a benchmark against its normalised gold: (n, n_correct, disagreements). Rows that
-    cannot be read or used are left out here; load() reports them."""
+    """Grade every reference of a benchmark (Dataset.reference: its own, written as a model would answer) against
+    its normalised gold: (n, n_correct, disagreements). Rows that cannot be read or used are left out here; load()
+    reports them."""
     stats, n, ok, bad = reward.new_stats(), 0, 0, []
     for where, row in read_rows(name, split, data_dir)[0]:
         got = normalise(row)
@@ -369,7 +479,7 @@ def check_references(name: str, data_dir: str = DATA_DIR, split: str = "test"):
             continue
         n += 1
         try:
-            response = reference_response(name, row)
+            response = dataset(name).reference(row)
         except (KeyError, IndexError, TypeError, AttributeError) as e:
             bad.append(f"{where}: no reference to grade ({type(e).__name__}: {e})")
             continue
@@ -388,11 +498,11 @@ def main(argv=None):
     p.add_argument("--check", action="store_true", help="grade each benchmark's reference against its gold")
     p.add_argument("--data-dir", default=DATA_DIR)
     args = p.parse_args(argv)
-    todo = [(n, s) for n in (args.datasets or BENCHMARKS)
-            for s in (BENCHMARKS[n][0] if n in BENCHMARKS else ["train"])]
+    todo = [(n, s) for n in (args.datasets or BENCHMARKS) for s in (dataset(n).files or ["train"])]
     for name, split in todo:
-        if name in BENCHMARKS and not os.path.isfile(os.path.join(args.data_dir, BENCHMARKS[name][0][split])):
-            print(f"{name} {split}: no file {os.path.join(args.data_dir, BENCHMARKS[name][0][split])}")
+        files = dataset(name).files
+        if files and not os.path.isfile(os.path.join(args.data_dir, files[split])):
+            print(f"{name} {split}: no file {os.path.join(args.data_dir, files[split])}")
             continue
         notes = collections.Counter()
         try:
@@ -400,9 +510,8 @@ def main(argv=None):
         except SystemExit as e:  # a file that is not there: say so and go on with the others
             print(e)
             continue
-        label = f"{name} {split}" if name in BENCHMARKS else name
-        report(label, problems, skipped, notes, show=None, file=sys.stdout)
-        if args.check and split == "test" and name in BENCHMARKS and problems:
+        report(f"{name} {split}" if files else name, problems, skipped, notes, show=None, file=sys.stdout)
+        if args.check and split == "test" and files and problems:
             n, ok, bad = check_references(name, args.data_dir)
             print(f"  references graded correct {ok}/{n} = {ok / n:.4f}")
             for s in bad:

@@ -23,11 +23,13 @@ from math import comb
 import torch
 from tqdm import tqdm
 
+import config
 import data
-import models
 import reward
 import sample
+from infra import models
 
+# the papers' seven benchmarks, in the order they report them
 BENCHMARKS = ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench", "gsm8k"]
 
 
@@ -101,11 +103,12 @@ def run_benchmark(model, tokenizer, name: str, args) -> dict:
     problems, unencodable = data.drop_unencodable(problems, tokenizer)
     skipped += unencodable
     loaded = data.report(name, problems, skipped, notes)
-    prompts = [p.get("prompt") or data.build_prompt(tokenizer, p["question"], p.get("shots", ())) for p in problems]
+    prompts = [data.dataset(name).prompt(tokenizer, p) for p in problems]
     golds = [p["answer"] for p in problems]
     t0 = time.time()
-    greedy = score(model, tokenizer, prompts, golds, max_new_tokens=args.max_new_tokens,
-                   batch_size=args.batch_size, desc=f"{name} greedy")
+    with sample.autocast(args.device, args.bf16):
+        greedy = score(model, tokenizer, prompts, golds, max_new_tokens=args.max_new_tokens,
+                       batch_size=args.batch_size, desc=f"{name} greedy")
     row = {"n": greedy["n"], "rows_skipped": len(skipped), "pass@1": greedy["accuracy"],
            "response_len": greedy["response_len"], "boxed": greedy["boxed"],
            "timeouts": greedy["checker"]["timeouts"], "malformed": greedy["checker"]["malformed"],
@@ -115,9 +118,10 @@ def run_benchmark(model, tokenizer, name: str, args) -> dict:
                 for p, g, r in zip(problems[:3], golds, greedy["responses"])]
     if args.k > 1:
         torch.manual_seed(args.seed)
-        sampled = score(model, tokenizer, prompts, golds, k=args.k, temperature=args.temperature,
-                        max_new_tokens=args.max_new_tokens, batch_size=max(1, args.batch_size // args.k),
-                        desc=f"{name} {args.k} samples")
+        with sample.autocast(args.device, args.bf16):
+            sampled = score(model, tokenizer, prompts, golds, k=args.k, temperature=args.temperature,
+                            max_new_tokens=args.max_new_tokens, batch_size=max(1, args.batch_size // args.k),
+                            desc=f"{name} {args.k} samples")
         row[f"avg@{args.k}"], row[f"pass@{args.k}"] = sampled["accuracy"], sampled[f"pass@{args.k}"]
         row["timeouts"] += sampled["checker"]["timeouts"]
         row["malformed"] += sampled["checker"]["malformed"]
@@ -167,50 +171,43 @@ def free_path(path: str) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="greedy pass@1, avg@k and pass@k on the math benchmarks")
-    p.add_argument("--model", default="tiny", help="'tiny', 'smollm2-135m' (the packaged SmolLM2, models.py), a "
-                                                   "GGUF file, a local HF model directory (a train.py checkpoint), "
-                                                   "or a hub name")
+    config.add_shared_flags(p)  # --model, --data-dir, --device, --bf16, --threads: as train.py's
     p.add_argument("--benchmarks", default=",".join(BENCHMARKS),
-                   help=f"comma-separated: {', '.join(BENCHMARKS)}, tiny (the tiny world's held-out set), "
-                        f"arith (the real-model recipe's held-out additions), or .jsonl files")
-    p.add_argument("--data-dir", default=data.DATA_DIR, help="where the benchmark files are (else: the hub)")
+                   help=f"comma-separated: {', '.join(data.DATASETS)} (tiny, chain and arith: their held-out sets), "
+                        f"or .jsonl files")
     p.add_argument("--limit", type=int, default=None, help="first N problems of each benchmark")
-    p.add_argument("--k", type=int, default=1, help="samples per problem for avg@k and pass@k (1: greedy only)")
-    p.add_argument("--temperature", type=float, default=0.6, help="for the k samples (greedy pass@1 uses 0)")
+    p.add_argument("--out", default=None, help="JSON file (default: runs/eval-MODEL-BENCHMARKS-SETTINGS.json, "
+                                               "never replacing an existing one: -2, -3, ... is added)")
+    p.add_argument("--overwrite", action="store_true", help="replace the --out file if it exists")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="response token budget (default: 3000, the papers' protocol; 48 for the tiny model and "
                         "its checkpoints, as in train.py: their context is 256 positions, an answer about 30 tokens)")
     p.add_argument("--batch-size", type=int, default=64, help="responses generated together")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--bf16", action="store_true", help="bf16 weights (GPU)")
-    p.add_argument("--out", default=None, help="JSON file (default: runs/eval-MODEL-BENCHMARKS-SETTINGS.json, "
-                                               "never replacing an existing one: -2, -3, ... is added)")
-    p.add_argument("--overwrite", action="store_true", help="replace the --out file if it exists")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice; on a "
-                                                             "shared machine pass what is yours)")
+    # sampled answers, besides the greedy one
+    p.add_argument("--k", type=int, default=1, help="samples per problem for avg@k and pass@k (1: greedy only)")
+    p.add_argument("--temperature", type=float, default=0.6, help="for the k samples (greedy pass@1 uses 0)")
+    p.add_argument("--seed", type=int, default=0, help="of the k samples")
     args = p.parse_args(argv)
+    config.check_shared(p, args)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.out and os.path.exists(args.out) and not args.overwrite:
         p.error(f"--out {args.out} exists: pass --overwrite to replace it, or choose another file")
     names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
     for b in names:
-        if b not in BENCHMARKS + list(data.GENERATED) and not b.endswith(".jsonl"):
-            p.error(f"--benchmarks: unknown benchmark {b!r} (known: {', '.join(BENCHMARKS)}, "
-                    f"{', '.join(data.GENERATED)}, or a .jsonl file)")
-        try:  # a file that is not there fails now, in one line, before the model is loaded
+        try:  # an unknown name or a file that is not there fails now, in one line, before the model is loaded
             data.locate(b, "test", args.data_dir, "--benchmarks")
         except SystemExit as e:
             p.error(str(e))
     model, tokenizer, _ = models.load_model(args.model)
-    model.to(args.device, dtype=torch.bfloat16 if args.bf16 else None).eval()
+    model.to(args.device).eval()
     if args.max_new_tokens is None:  # the tiny world's context (256) has no room for 3000
         args.max_new_tokens = 48 if (getattr(model.config, "max_position_embeddings", 0) or 10**9) <= 256 else 3000
     results = {}
     for name in names:
         results[name] = run_benchmark(model, tokenizer, name, args)
-    counts = ("n", "rows_skipped", "timeouts", "malformed", "parse_failures", "prompts_cut", "batches_capped", "seconds")
+    counts = ("n", "rows_skipped", "timeouts", "malformed", "parse_failures", "prompts_cut", "batches_capped",
+              "seconds")
     rates = [c for c in results[names[0]] if c not in counts + ("examples", "loaded")]
     results["average"] = {c: sum(results[b][c] for b in names) / len(names) for c in rates}  # unweighted
     results["average"].update({c: sum(results[b][c] for b in names) for c in counts})  # totals
@@ -225,7 +222,8 @@ def main(argv=None):
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     settings = dict(vars(args))
     settings["template"] = "chat template" if getattr(tokenizer, "chat_template", None) else "plain + instruction"
-    settings["template"] += "; tiny: its own Q:/A: prompt" if "tiny" in names else ""
+    worlds = [b for b in names if data.dataset(b).world is not None]
+    settings["template"] += f"; {', '.join(worlds)}: the tiny world's own Q:/A: prompt" if worlds else ""
     with open(out, "w") as f:
         json.dump({"settings": settings, "results": results}, f, indent=1)
     print(f"wrote {out}")

@@ -138,25 +138,3 @@ def policy_loss(logp, old_logp, adv, mask, *, eps_low=0.2, eps_high=None, dual_c
         stats["clip_dual"] = aggregate(dual_clip_active(rho.detach(), adv, dual_clip).float(), mask, "token-mean",
                                        n_tokens=n_tokens).item()
     return -objective, stats
-
-
-def advantage_concentration(adv: torch.Tensor, mask: torch.Tensor, adv_seq: torch.Tensor) -> dict:
-    """O7 of EQUATIONS.md#o7--advantage-concentration-diagnostics, kept here because every method logs it (GRPO,
-    KTAE, OAR alike).
-
-    Per rollout, over its valid tokens, with a_t = |A_{i,t}| and T its length:
-        ESS-ratio    = (sum_t a_t)^2 / (T sum_t a_t^2)        in [1/T, 1]; plain GRPO gives 1
-        Top-10% mass = (sum of the ceil(0.1 T) largest a_t) / sum_t a_t;   plain GRPO gives ~0.1
-    Means over the rollouts with A_i != 0. adv, mask [N, T]; adv_seq [N].
-    Example: a = [1, 1, 1, 1] -> ESS 1, top-10% = 1/4 (ceil(0.4) = 1 token); a = [3, 1] -> 16 / (2 * 10) = 0.8.
-    """
-    a = adv.abs() * mask  # [N, T]
-    T = mask.sum(-1).float()  # [N]
-    keep = (adv_seq != 0) & (a.sum(-1) > 0)  # [N]
-    if not keep.any():
-        return {"ess_ratio": float("nan"), "top10_mass": float("nan")}
-    a, T = a[keep], T[keep]
-    ess = a.sum(-1) ** 2 / (T * (a ** 2).sum(-1))  # [n]
-    k = torch.ceil(0.1 * T).long()  # [n]
-    top = a.sort(dim=-1, descending=True).values.cumsum(-1).gather(1, (k - 1)[:, None]).squeeze(1)  # [n]
-    return {"ess_ratio": ess.mean().item(), "top10_mass": (top / a.sum(-1)).mean().item()}

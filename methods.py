@@ -20,27 +20,24 @@ mask [N, T] the tokens that enter the loss (D4's overlong filter applied); ctx: 
 A_{i,t}, what the loss (G3) uses; `seq` is the rollout advantage A_i it was built from (logged by O7); `values`
 the per-token quantity the heat maps colour (KTAE's key-token values, OAR's weights), None for plain GRPO.
 
-A new rule is one function and one entry in RULES; `--method grpo+NAME` and `--method dapo+NAME` then exist.
-For example, a rule that gives the EOS token no credit:
-
-    def no_eos(batch, rewards, mask, ctx):
-        seq = grpo.group_advantages(rewards, scale_std=not ctx.args.no_std_scale).view(-1)  # [N] G1
-        tokens = seq[:, None] * mask * (batch["input_ids"][:, batch["prompt_len"]:] != ctx.tokenizer.eos_token_id)
-        return TokenAdvantages(tokens, seq, None)
-
-    RULES["no-eos"] = Rule(no_eos)
-
-A rule's `blame` says which tokens it holds most responsible for a wrong answer (credit.py measures it against
-the first error the synthetic tasks know); without one, every token is blamed alike, as in GRPO.
+A new rule is one function and one entry in RULES; `--method grpo+NAME` and `--method dapo+NAME` then exist, with
+every flag, log and checkpoint of the others (README.md, "Adding a token rule", has a worked one that the tests
+run). A Rule also owns everything else about itself: its flag defaults, its checks, its heat map, where it puts
+the blame for a wrong answer (toyworld/credit.py measures that against the first error the synthetic tasks know;
+without one every token is blamed alike, as in GRPO), and what TRL needs to know of it (scaling/trl_grpo.py).
+No other module tests a method's or a rule's name.
 """
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional
 
 import torch
 
+import entropy
 import grpo
 import ktae
 import oar
+import sample
+from infra import models
 
 # What each base sets, where its flag was not given (dapo.py D1-D4; GRPO's values are the papers' and verl's)
 BASES = {
@@ -98,7 +95,7 @@ def outcome_grounded(scorer: str):
         a, seq = ctx.args, sequence_advantages(rewards, ctx)  # [N]
         enc = lambda s: ctx.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
         answers = [enc(q["answer"] + "}") for q in ctx.problems for _ in range(a.group_size)]  # O1's teacher forcing
-        with torch.autocast(a.device.split(":")[0], dtype=torch.bfloat16, enabled=a.bf16):
+        with sample.autocast(a.device, a.bf16):
             weights = oar.batch_weights(ctx.model, batch, answers, enc(a.oar_cue), seq, ctx.tokenizer, ctx.pieces,
                                         scorer=scorer, probe=a.oar_probe, q=a.oar_q, beta=a.oar_beta,
                                         sigma=a.oar_sigma, chunk=a.oar_chunk)  # [N, T]
@@ -106,42 +103,34 @@ def outcome_grounded(scorer: str):
     return rule
 
 
-def entropy_threshold(entropy: torch.Tensor, mask: torch.Tensor, share: float) -> float:
-    """E1's tau: the (1 - share)-quantile (linear interpolation, as torch.quantile) of the batch's scored tokens'
-    entropies; entropy, mask [N, T]. Entropies [0.1, 0.2, 0.3, 0.4, 0.5], share 0.2: 0.4 + 0.2 * 0.1 = 0.42.
-    None when no token is scored."""
-    scored = entropy[mask.bool()].float()  # [n] every scored token of the batch
-    return torch.quantile(scored, 1 - share).item() if scored.numel() else None
-
-
-def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, share: float) -> torch.Tensor:
-    """E1: the scored tokens whose sampling entropy is at least tau (above), i.e. the top `share` of the batch's
-    tokens by entropy [N, T]. Entropies [0.1, 0.2, 0.3, 0.4, 0.5], share 0.2: tau = 0.42 -> only 0.5 is kept."""
-    tau = entropy_threshold(entropy, mask, share)
-    if tau is None:
-        return torch.zeros_like(mask, dtype=torch.bool)
-    return (entropy >= tau) & mask.bool()  # [N, T]
-
-
 def high_entropy(batch, rewards, mask, ctx) -> TokenAdvantages:
-    """The high-entropy minority (Wang et al., 2025, arXiv 2506.01939): A_{i,t} = A_i on the top share of the
-    batch's tokens by sampling entropy (E1, --top-entropy-quantile), 0 elsewhere. The heat maps' values: the
-    entropy."""
+    """E1, the high-entropy minority: A_{i,t} = A_i on the top share of the batch's tokens by sampling entropy
+    (--top-entropy-quantile), 0 elsewhere. The heat maps' values: the entropy."""
     seq = sequence_advantages(rewards, ctx)  # [N]
-    keep = top_entropy_mask(batch["entropy"], mask, ctx.args.top_entropy_quantile)  # [N, T] E1
-    return TokenAdvantages(seq[:, None] * mask * keep, seq, batch["entropy"] * mask)  # [N, T]
+    tokens = entropy.token_advantages(seq, batch["entropy"], mask, ctx.args.top_entropy_quantile)  # [N, T] E1
+    return TokenAdvantages(tokens, seq, batch["entropy"] * mask)  # [N, T]
 
 
 def _alike(adv: TokenAdvantages, batch) -> torch.Tensor:
     return torch.zeros_like(adv.tokens)  # [N, T] every token blamed alike (GRPO)
 
 
+class HeatMap(NamedTuple):
+    """How a rule's heat map (infra/plots.py) colours its per-token values."""
+    kind: str  # which legend explains the colours (plots.LEGENDS)
+    what: str  # the values, in the page's title
+    centre: float  # the value left uncoloured
+    scale: float  # the distance from the centre at full colour
+
+
 @dataclass
 class Rule:
     advantages: Callable  # (batch, rewards, mask, ctx) -> TokenAdvantages
-    defaults: dict = field(default_factory=dict)  # flag defaults of this rule (a flag given explicitly wins)
+    # (dataset, model) -> flag defaults of this rule, a flag given explicitly winning; dataset: the data.Dataset of
+    # --dataset, model: --model's name
+    defaults: Callable = lambda dataset, model: {}
     check: Callable = None  # (args) -> an error message for settings that make the rule meaningless, or None
-    heatmap: str = None  # the kind of token heat map to write (plots.token_heatmap), or None
+    heatmap: Callable = None  # (batch, mask, args) -> HeatMap of its TokenAdvantages.values, or None: no heat map
     blame: Callable = _alike  # (TokenAdvantages, batch) -> [N, T], higher = more to blame for a wrong answer
     # What a rule reads beyond ids, masks and rewards; trl_grpo.py, whose sampler keeps neither, acts on it:
     reads_scores: bool = True  # batch["logprobs"] / batch["entropy"] of the sampled tokens (TRL: an extra forward)
@@ -154,17 +143,29 @@ def _ktae_check(args):
                 "method without ktae, or keep one of the two")
 
 
-# blame: KTAE's most negative key-token value, OAR's highest weight (a wrong rollout's advantage is negative, so
-# its largest weight takes the most blame), the entropy rule's highest entropy
+def _oar_defaults(probe: str):
+    """O1's probe of the variant; the conclude cue is the data's own (data.Dataset.cue), the scoring chunk the
+    model's (a small model takes every rollout in one forward)."""
+    return lambda dataset, model: {"oar_probe": probe, "oar_cue": dataset.cue, "oar_chunk": models.oar_chunk(model)}
+
+
+# heat maps: KTAE's values around 0 (K6's range is -1..1), OAR's weights around 1 (O5's boost is --oar-beta), E1's
+# entropies around the batch's threshold tau. blame: KTAE's most negative key-token value, OAR's highest weight (a
+# wrong rollout's advantage is negative, so its largest weight takes the most blame), E1's highest entropy.
 RULES = {
     "none": Rule(none, reads_scores=False),
-    "ktae": Rule(key_tokens, check=_ktae_check, heatmap="ktae", blame=lambda adv, batch: -adv.values,
-                 reads_scores=False),
-    "oar-p": Rule(outcome_grounded("perturb"), defaults={"oar_probe": "last"}, heatmap="oar",
-                  blame=lambda adv, batch: adv.values, reads_scores=False, per_rollout=True),
-    "oar-g": Rule(outcome_grounded("gradient"), defaults={"oar_probe": "answer_mean"}, heatmap="oar",
-                  blame=lambda adv, batch: adv.values, reads_scores=False, per_rollout=True),
-    "entropy": Rule(high_entropy, heatmap="entropy", blame=lambda adv, batch: adv.values),
+    "ktae": Rule(key_tokens, check=_ktae_check, reads_scores=False,
+                 heatmap=lambda batch, mask, args: HeatMap("ktae", "key-token values", 0.0, 1.0),
+                 blame=lambda adv, batch: -adv.values),
+    "oar-p": Rule(outcome_grounded("perturb"), defaults=_oar_defaults("last"), reads_scores=False, per_rollout=True,
+                  heatmap=lambda batch, mask, args: HeatMap("oar", "OAR weights", 1.0, args.oar_beta),
+                  blame=lambda adv, batch: adv.values),
+    "oar-g": Rule(outcome_grounded("gradient"), defaults=_oar_defaults("answer_mean"), reads_scores=False,
+                  per_rollout=True, heatmap=lambda batch, mask, args: HeatMap("oar", "OAR weights", 1.0, args.oar_beta),
+                  blame=lambda adv, batch: adv.values),
+    "entropy": Rule(high_entropy, blame=lambda adv, batch: adv.values,
+                    heatmap=lambda batch, mask, args: HeatMap("entropy", "sampling entropy", entropy.entropy_threshold(
+                        batch["entropy"], mask, args.top_entropy_quantile), 1.0)),
 }
 
 
@@ -177,7 +178,11 @@ def parse(method: str):
     return base, rule
 
 
+def short_names() -> list:
+    """The bases, then each token rule on grpo: ['grpo', 'dapo', 'ktae', 'oar-p', 'oar-g', 'entropy']."""
+    return list(BASES) + [r for r in RULES if r != "none"]
+
+
 def names() -> list:
-    """Every --method: the short names first (the bases, then each rule on grpo), then each BASE+RULE."""
-    short = list(BASES) + [r for r in RULES if r != "none"]
-    return short + [f"{b}+{r}" for b in BASES for r in RULES if r != "none"]
+    """Every --method: the short names first, then each BASE+RULE."""
+    return short_names() + [f"{b}+{r}" for b in BASES for r in RULES if r != "none"]

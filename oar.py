@@ -1,5 +1,4 @@
-"""OAR: Outcome-grounded Advantage Reshaping (arXiv 2601.07408), O1-O6 of EQUATIONS.md#oar.
-(O7, the ESS-ratio and top-10 % mass, is in grpo.py because every method logs it.)
+"""OAR: Outcome-grounded Advantage Reshaping (arXiv 2601.07408), O1-O7 of EQUATIONS.md#oar.
 
 OAR asks, for each reasoning token of a rollout, how much it moves the model's own distribution over the final
 answer, and moves the rollout's GRPO advantage towards the tokens that move it most, keeping the rollout's total.
@@ -11,6 +10,7 @@ answer, and moves the rollout's GRPO advantage towards the tokens that move it m
     O4 normalise             s = log(1 + I), min-max per rollout
     O5 reshape               Bi-Level weights (suppress below the q-quantile, boost above), summing to R
     O6 token_advantages      A_{i,t} = A_i * w_{i,t}
+    O7 advantage_concentration   ESS-ratio and top-10 % mass of |A_{i,t}| (logged for every method)
 
 Spans are taken from the sampled token ids, never from re-tokenised text (reasoning_length): the reasoning is
 the response before the last "\\boxed{", and the conclude cue and the answer are appended as token ids. A
@@ -25,8 +25,8 @@ worked example of O4-O5 with q = 0.25, beta = 1 on R = 5 tokens:
 """
 import torch
 
-import fastpath
 import sample
+from infra import fastpath
 
 
 def reasoning_length(pieces: list, marker: str = "\\boxed{") -> int:
@@ -278,9 +278,9 @@ def token_weights(model, prompts: list, responses: list, pieces: list, answers: 
 
 def batch_weights(model, batch: dict, answers: list, cue: list, adv_seq, tokenizer, pieces: dict, *, scorer: str,
                   probe: str, q: float, beta: float, sigma: float, chunk: int):
-    """O1-O5 (token_weights) for a batch of sample.generate(): weights [N, T]. Each rollout's inputs come from its sampled
-    ids: the prompt's tokens (padding removed), the response before the EOS, and each token's decoded text for the
-    spans (pieces caches token id -> text across steps). answers: the gold answer's ids and "}" per rollout; cue:
+    """O1-O5 (token_weights) for a batch of sample.generate(): weights [N, T]. Each rollout's inputs come from its
+    sampled ids: the prompt's tokens (padding removed), the response before the EOS, and each token's decoded text for
+    the spans (pieces caches token id -> text across steps). answers: the gold answer's ids and "}" per rollout; cue:
     the conclude cue's ids; adv_seq [N]. The spans need per-row lengths, hence Python lists from here on."""
     P, mask = batch["prompt_len"], batch["response_mask"]  # [N, T]
     ids, attn = batch["input_ids"].tolist(), batch["attention_mask"].tolist()
@@ -292,3 +292,25 @@ def batch_weights(model, batch: dict, answers: list, cue: list, adv_seq, tokeniz
     texts = [[pieces[t] for t in r] for r in responses]
     return token_weights(model, prompts, responses, texts, answers, cue, adv_seq, mask.shape[1],
                          tokenizer.pad_token_id, scorer=scorer, probe=probe, q=q, beta=beta, sigma=sigma, chunk=chunk)
+
+
+def advantage_concentration(adv: torch.Tensor, mask: torch.Tensor, adv_seq: torch.Tensor) -> dict:
+    """O7 of EQUATIONS.md#o7--advantage-concentration-diagnostics: how concentrated a rollout's advantage is on few
+    tokens. The OAR paper defines it; train.py logs it for every method (GRPO, KTAE, OAR, E1 alike).
+
+    Per rollout, over its valid tokens, with a_t = |A_{i,t}| and T its length:
+        ESS-ratio    = (sum_t a_t)^2 / (T sum_t a_t^2)        in [1/T, 1]; plain GRPO gives 1
+        Top-10% mass = (sum of the ceil(0.1 T) largest a_t) / sum_t a_t;   plain GRPO gives ~0.1
+    Means over the rollouts with A_i != 0. adv, mask [N, T]; adv_seq [N].
+    Example: a = [1, 1, 1, 1] -> ESS 1, top-10% = 1/4 (ceil(0.4) = 1 token); a = [3, 1] -> 16 / (2 * 10) = 0.8.
+    """
+    a = adv.abs() * mask  # [N, T]
+    T = mask.sum(-1).float()  # [N]
+    keep = (adv_seq != 0) & (a.sum(-1) > 0)  # [N]
+    if not keep.any():
+        return {"ess_ratio": float("nan"), "top10_mass": float("nan")}
+    a, T = a[keep], T[keep]
+    ess = a.sum(-1) ** 2 / (T * (a ** 2).sum(-1))  # [n]
+    k = torch.ceil(0.1 * T).long()  # [n]
+    top = a.sort(dim=-1, descending=True).values.cumsum(-1).gather(1, (k - 1)[:, None]).squeeze(1)  # [n]
+    return {"ess_ratio": ess.mean().item(), "top10_mass": (top / a.sum(-1)).mean().item()}

@@ -4,8 +4,9 @@ EQUATIONS.md#answer-extraction-and-equivalence: answer extraction takes the cont
 (nested braces handled, \\fbox too); a response without one is incorrect. Equivalence is math-verify's (parse
 both, verify(gold, prediction); the order matters), so 0.5 = \\frac12 = 1/2 and 27.0 = 27.
 The checker must never hang or crash a run: it never raises, its time is bounded per answer in any thread,
-numbers too big to compute with are never handed to sympy, and timeouts, unparseable gold answers and checker errors are counted in `stats`. A `}` after the box's closing
-brace that nothing opened makes the answer wrong (stats["malformed"]): `\\boxed{11}}}}}` is not 11.
+numbers too big to compute with are never handed to sympy, and timeouts, unparseable gold answers and checker
+errors are counted in `stats`. A `}` after the box's closing brace that nothing opened makes the answer wrong
+(stats["malformed"]): `\\boxed{11}}}}}` is not 11.
 """
 import contextlib
 import ctypes
@@ -30,10 +31,10 @@ DIGITS = re.compile(r"\d+")
 TIMEOUT_S = 5.0  # for one whole check (both parses and the verify)
 # Answers with numbers too big to work with are not given to sympy, whose slow steps on them (int <-> str is
 # quadratic) are single C calls that no timer can interrupt: a digit run over MAX_DIGITS characters (Python's
-# int() refuses 4,300; 4,000 digits already cost sympy ~0.7 s), or a power or factorial whose value would have
-# over MAX_VALUE_DIGITS digits (10^{10000} is decided in ~0.1 s; 10^{10^{10}} ran into the 5 s deadline). Such an
-# answer is graded by string comparison only (equal strings are correct) and otherwise counted in
-# stats["timeouts"]: the checker gave up on it.
+# int() refuses 4,300), or a power or factorial whose value would have over MAX_VALUE_DIGITS digits (the limits sit
+# well below where sympy's time reaches the deadline; docs/LOG.md has the timings). Such an answer is graded by
+# string comparison only (equal strings are correct) and otherwise counted in stats["timeouts"]: the checker gave up
+# on it.
 MAX_DIGITS = 1_000
 MAX_VALUE_DIGITS = 10_000
 MAX_FACTORIAL = 3_000  # 3000! has 9,131 digits
@@ -57,8 +58,8 @@ def deadline(seconds: float):
     a thread pool) a threading.Timer raises the exception in the grading thread with PyThreadState_SetAsyncExc;
     that lands at the grader's next bytecode, which is enough because everything slow in math-verify and sympy
     is Python code, and the one thing that is not (arithmetic on huge integers) is refused before parsing
-    (too_big). Cost: one short-lived timer thread per check that reaches math-verify (about 0.1 ms, next to a
-    parse's milliseconds); integer and equal-string answers never get here. A lock makes the timer and the end of
+    (too_big). Cost: one short-lived timer thread per check that reaches math-verify, small next to a parse;
+    integer and equal-string answers never get here. A lock makes the timer and the end of
     the block exclusive, and a pending exception is withdrawn at the end, so none can land after the block."""
     if threading.current_thread() is threading.main_thread():
         def fire(signum, frame):

@@ -15,7 +15,7 @@ generate(model, prompts, n=G, ...): G rollouts of each prompt, sampled at a temp
     while the longest rows finish instead of decoding padding to the end.
 token_logprobs(model, ids, mask, P): log pi(o_t | q, o_<t) of every response token, by one forward.
 
-How it is made fast lives apart, in fastpath.py (a reader can skip it): for Qwen2 and Llama layouts
+How it is made fast lives apart, in infra/fastpath.py (a reader can skip it): for Qwen2 and Llama layouts
 (fastpath.decodes, the tiny model among them) each new token goes through fastpath.decode_step (the model's modules
 called in turn, writing one column of a preallocated cache) instead of OwnDecoder; in token_logprobs a group's
 prompt runs once (fastpath.prompt_prefill) where the model's cache is plain full attention (fastpath.shares_prompts).
@@ -26,7 +26,7 @@ Layout of what it returns (N = number of prompts * n, P = longest prompt, T = lo
 
     input_ids       [N, P + T]  pad .. pad prompt | response EOS pad .. pad
     attention_mask  [N, P + T]  0   .. 0   1...1  | 1 ...    1   0   .. 0
-    response_mask   [N, T]      1 for generated tokens up to and including the first EOS (EQUATIONS.md#notation: m_{i,t})
+    response_mask   [N, T]      1 on generated tokens up to and including the first EOS (EQUATIONS.md#notation: m)
     logprobs        [N, T]      log pi_old of each sampled token (0 where response_mask is 0)
     entropy         [N, T]      entropy of the distribution each token was drawn from (0 where the mask is 0)
     truncated       [N]         True where no EOS came within max_new_tokens
@@ -36,7 +36,13 @@ the tiny world) the latter would drop the real EOS from the loss, and the model 
 """
 import torch
 
-import fastpath
+from infra import fastpath
+
+
+def autocast(device: str, bf16: bool):
+    """What --bf16 means wherever the model runs (train.py, evaluate.py, OAR's scoring): bf16 autocast on the
+    device's type, matrix products in bf16 and the weights as they are; a no-op context when bf16 is False."""
+    return torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16)
 
 
 def left_pad(prompts: list, pad_id: int):
@@ -55,7 +61,9 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]
 
 
-DROP_SHARE = 0.25  # finished rows leave the decode batch once they are this share of it (0.05-0.5 time alike)
+# Finished rows leave the decode batch once they are this share of it: removing rows copies every layer's cache,
+# so it is done in few large steps rather than one row at a time (docs/LOG.md has the shares tried).
+DROP_SHARE = 0.25
 
 # Config fields of transformers' causal LMs that transform the output layer's result (soft-capping, a scale, a
 # vocabulary cut): where one is set, logits != output_embeddings(hidden) and token_logprobs takes the model's logits.
@@ -104,9 +112,9 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
     logprobs = torch.zeros((N, max_new_tokens), device=device)  # [N, T]
     entropy = torch.zeros((N, max_new_tokens), device=device)  # [N, T]
     lengths = torch.full((N,), max_new_tokens, dtype=torch.long, device=device)  # [N]
-    # inference_mode is no_grad without autograd's version and view bookkeeping on every op (5-10 % of the sampler's
-    # time on the tiny default). What it creates can never enter autograd, so it only writes into the buffers above,
-    # which the loss later uses.
+    # inference_mode is no_grad without autograd's version and view bookkeeping on every op, which is a visible share
+    # of a small model's decode step. What it creates can never enter autograd, so it only writes into the buffers
+    # above, which the loss later uses.
     with torch.inference_mode():
         # the prompts go through the model's own forward, once per prompt; the model makes its own cache
         out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=True,
@@ -168,8 +176,8 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
     groups [N] (optional): rows with the same value share their prompt (a GRPO group). Each prompt then runs once
     and its cache is copied to its rows, as in generate(); gradients flow back through the copies. A prompt
     token's activations never depend on the response after it (causal attention), so every row gets exactly
-    what its own forward would give. On the tiny task, with prompts a third of the columns, this takes a quarter
-    off the training forward and backward; on a long-response GPU run it changes little.
+    what its own forward would give. The saving is the prompt's share of the columns times G - 1 of G: large on
+    the tiny task (prompts a third of the columns), small where responses are long.
 
     The output layer runs `chunk_tokens` tokens at a time, each chunk under activation checkpointing, so a float32
     [N, T, vocabulary] tensor never exists: for Qwen2.5 (151,936 ids) at 4 x 3,300 tokens it would take 8 GB, and

@@ -33,7 +33,7 @@ def assert_close(actual, expected, rel: float = 1e-5, scale: float = None, what:
 @pytest.fixture(scope="session")
 def base():
     """The warm-started tiny base model (built once into .cache, about a minute on 2 cores, then read from disk)."""
-    import tiny
+    from toyworld import tiny
     model, tok, _ = tiny.load_or_build()
     return model, tok
 

@@ -19,12 +19,12 @@ import torch
 from transformers import (Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel, Phi3Config, Phi3ForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM)
 
-import fastpath
 import oar
 import reward
 import sample
-import tiny
 import train
+from infra import fastpath
+from toyworld import tiny
 from conftest import assert_close
 from test_sample import assert_grads_close, grads_of
 

@@ -7,11 +7,11 @@ import sys
 import pytest
 import torch
 
-import checkpoint
 import config
 import grpo
 import reward
 import train
+from infra import checkpoint, logbook
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--eval-limit", "16", "--eval-every", "1000"]
@@ -123,7 +123,8 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(base, tmp_path, cap
     older, run_dir = str(tmp_path / "older"), str(tmp_path / "run")
     checkpoint.save(older, model, tok, {"step": 3})
     checkpoint.save(run_dir, model, tok, {"step": 4})
-    os.rename(os.path.join(older, "checkpoint"), os.path.join(run_dir, "checkpoint.prev"))  # as a kill mid-swap leaves it
+    # as a kill mid-swap leaves it
+    os.rename(os.path.join(older, "checkpoint"), os.path.join(run_dir, "checkpoint.prev"))
     truncate(os.path.join(run_dir, "checkpoint", "state.pt"))
     assert checkpoint.find(run_dir) == os.path.join(run_dir, "checkpoint.prev")
     assert "state.pt" in capsys.readouterr().out
@@ -184,7 +185,7 @@ def test_a_second_run_cannot_write_into_a_locked_directory(tmp_path):
     checkpoint.claim(str(tmp_path), args, resume=True, overwrite=False).close()
 
 
-# ---- a non-finite step never reaches the weights; metrics stay JSON ---------------------------------------------------
+# ---- a non-finite step never reaches the weights; metrics stay JSON --------------------------------------------------
 
 def test_a_nan_step_is_skipped_and_counted(base, tmp_path, monkeypatch):
     model, _ = base
@@ -211,7 +212,7 @@ def test_finite_or_none_writes_null_for_undefined_values():
         {"a": None, "b": None, "c": 0.5, "d": "x"}
 
 
-# ---- DAPO's empty steps still evaluate, save and watch the clock -------------------------------------------------------
+# ---- DAPO's empty steps still evaluate, save and watch the clock -----------------------------------------------------
 
 def test_empty_dapo_steps_still_evaluate_save_and_stop(base, tmp_path, monkeypatch):
     monkeypatch.setattr(reward, "is_correct", lambda *a, **k: False)  # no group can mix right and wrong
@@ -228,21 +229,21 @@ def test_empty_dapo_steps_still_evaluate_save_and_stop(base, tmp_path, monkeypat
     assert [r["step"] for r in read(os.path.join(timed, "metrics.jsonl")) if "eval_accuracy" in r] == [0, 1]
 
 
-# ---- degenerate runs are named in the log --------------------------------------------------------------------------------
+# ---- degenerate runs are named in the log ----------------------------------------------------------------------------
 
 def test_degenerate_runs_are_warned_about():
     ok = {"accuracy": 0.4, "truncated": 0.0}
-    n = train.DEGENERATE_WINDOW
-    assert train.degenerate([ok] * (n - 1) + [{"accuracy": 0.0, "truncated": 0.0}]) == {}
-    assert list(train.degenerate([{"accuracy": 0.0, "truncated": 0.0}] * n)) == ["all wrong"]
-    assert list(train.degenerate([{"accuracy": 1.0, "truncated": 0.0}] * (n - 1))) == []  # not yet N steps
-    assert list(train.degenerate([{"accuracy": 1.0, "truncated": 0.0}] * n)) == ["all right"]
+    n = logbook.DEGENERATE_WINDOW
+    assert logbook.degenerate([ok] * (n - 1) + [{"accuracy": 0.0, "truncated": 0.0}]) == {}
+    assert list(logbook.degenerate([{"accuracy": 0.0, "truncated": 0.0}] * n)) == ["all wrong"]
+    assert list(logbook.degenerate([{"accuracy": 1.0, "truncated": 0.0}] * (n - 1))) == []  # not yet N steps
+    assert list(logbook.degenerate([{"accuracy": 1.0, "truncated": 0.0}] * n)) == ["all right"]
     # truncation: a mean of 0.55 over the window is above the 0.5 threshold; 0.5 exactly is not
-    assert list(train.degenerate([{"accuracy": 0.5, "truncated": 0.55}] * n)) == ["truncated"]
-    assert train.degenerate([{"accuracy": 0.5, "truncated": 0.5}] * n) == {}
+    assert list(logbook.degenerate([{"accuracy": 0.5, "truncated": 0.55}] * n)) == ["truncated"]
+    assert logbook.degenerate([{"accuracy": 0.5, "truncated": 0.5}] * n) == {}
 
 
-# ---- flags are checked before anything heavy runs ----------------------------------------------------------------------
+# ---- flags are checked before anything heavy runs --------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags, named", [
     (["--group-size", "1"], "--group-size 1"), (["--group-size", "0"], "--group-size 0"),
@@ -274,7 +275,8 @@ def test_model_directories_without_a_model_are_one_line_and_leave_no_run_dir(tmp
     for model, expect in [(empty, "no config.json in this directory"), (config_only, "no weights")]:
         r = run("--model", str(model), "--run-dir", str(tmp_path / "run"))
         assert r.returncode == 1 and r.stderr.strip() == f"--model {model}: {expect}" + (
-            " (is it a Hugging Face model directory?)" if model == empty else " (*.safetensors or *.bin) in this directory")
+            " (is it a Hugging Face model directory?)" if model == empty
+            else " (*.safetensors or *.bin) in this directory")
         assert not (tmp_path / "run").exists()
 
 
@@ -284,10 +286,14 @@ def test_dry_run_with_an_unreachable_hub_name_is_one_line(tmp_path):
     assert r.stderr.startswith("--model no-such-owner/no-such-model: not a local directory")
 
 
-def test_a_missing_dataset_file_stops_before_anything_loads_even_in_a_dry_run(tmp_path):
+def test_a_missing_dataset_file_stops_before_anything_loads_and_a_dry_run_needs_none(tmp_path):
     missing = tmp_path / "nope.jsonl"
-    for flags in (["--dataset", str(missing), "--dry-run"], ["--eval-dataset", str(missing)]):
-        r = run(*flags, "--run-dir", str(tmp_path / "run"))
-        flag = flags[0]
-        assert r.returncode == 1 and r.stderr.strip().splitlines() == [f"{flag} {missing}: not found (no file {missing})"]
+    for flag in ("--dataset", "--eval-dataset"):
+        r = run(flag, str(missing), "--run-dir", str(tmp_path / "run"))
+        assert r.returncode == 1
+        assert r.stderr.strip().splitlines() == [f"{flag} {missing}: not found (no file {missing})"]
         assert not (tmp_path / "run").exists()
+    # the plan reads the model's config alone: a clone with no data beside it can still plan (the data's record
+    # gives the prompt length, the default one for a file)
+    r = run("--dataset", str(missing), "--dry-run")
+    assert r.returncode == 0 and "peak:" in r.stdout

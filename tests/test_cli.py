@@ -12,7 +12,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
-@pytest.mark.parametrize("script", ["train.py", "evaluate.py", "compare.py", "bench.py", "data.py"])
+@pytest.mark.parametrize("script", ["train.py", "evaluate.py", "tools/compare.py", "tools/bench.py", "data.py",
+                                    "scaling/trl_train.py"])
 def test_help_exits_zero_at_once(script, tmp_path):
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], cwd=tmp_path, capture_output=True,
@@ -24,14 +25,14 @@ def test_help_exits_zero_at_once(script, tmp_path):
 
 
 def test_bench_and_compare_take_threads():
-    for script in ("bench.py", "compare.py", "evaluate.py"):
+    for script in ("tools/bench.py", "tools/compare.py", "evaluate.py"):
         r = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True,
                            timeout=120, env=ENV)
         assert "--threads" in r.stdout, script
 
 
 def test_compare_from_another_directory_puts_runs_under_the_given_dir(base, tmp_path):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "compare.py"), "--methods", "grpo", "--seeds", "0",
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "compare.py"), "--methods", "grpo", "--seeds", "0",
                         "--steps", "2", "--run-dir", "runs/cwdtest", "--threads", "1", "--", "--prompts-per-step",
                         "2", "--group-size", "2", "--eval-limit", "8"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=ENV)

@@ -4,7 +4,7 @@ import json
 import os
 import statistics
 
-import compare
+from tools import compare
 from conftest import THREADS
 
 

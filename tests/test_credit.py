@@ -9,12 +9,11 @@ import pytest
 import torch
 
 import config
-import credit
+import entropy as e1  # E1's module (the tests name their tensors `entropy`)
 import grpo
 import methods
-import tasks
-import tiny
 import train
+from toyworld import credit, tasks, tiny
 from conftest import THREADS
 
 TINY, CHAIN, EOS = tasks.TASKS["tiny"], tasks.TASKS["chain"], tiny.EOS
@@ -49,7 +48,8 @@ def test_first_error_in_the_tiny_world_by_hand(text, error):
 @pytest.mark.parametrize("text, error", [
     ("7+8-9\n7+8=15\n15+0=15\n15-9=6\n6-0=6\n\\boxed{6}" + EOS, None),  # padded, correct
     ("7+8=15\n15-9=6\n\\boxed{6}" + EOS, None),  # concise, correct
-    ("7+8-9\n7+8=15\n15+0=16\n", 19),  # a zero step that changes the value: "7+8-9\n" 0-5, "7+8=15\n" 6-12, "15+0=1" 13-18
+    # a zero step that changes the value: "7+8-9\n" 0-5, "7+8=15\n" 6-12, "15+0=1" 13-18
+    ("7+8-9\n7+8=15\n15+0=16\n", 19),
     ("7+8=15\n7+8-9\n", 7),  # the question restated after the first line
     ("7+8=15\n15+1=16\n", 10),  # only 0 pads: "7+8=15\n" 0-6, "15+" 7-9 fits "15+0=15", the "1" (10) does not
 ])
@@ -103,7 +103,7 @@ def test_entropy_rule_by_hand_and_its_gradient():
     entropy = torch.tensor([[0.1, 0.5, 0.3, 0.0], [0.9, 0.2, 0.4, 0.7]])  # [2, 4]
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])  # [2, 4]
     # 7 scored entropies sorted .1 .2 .3 .4 .5 .7 .9; the 0.8-quantile sits at 0.8 * 6 = 4.8: 0.5 + 0.8 * 0.2 = 0.66
-    keep = methods.top_entropy_mask(entropy, mask, 0.2)
+    keep = e1.top_entropy_mask(entropy, mask, 0.2)
     assert keep.tolist() == [[False] * 4, [True, False, False, True]]  # 0.9 and 0.7 only
     ctx = SimpleNamespace(args=SimpleNamespace(no_std_scale=False, device="cpu", top_entropy_quantile=0.2))
     adv = methods.RULES["entropy"].advantages({"entropy": entropy}, torch.tensor([[1.0, 0.0]]), mask, ctx)
@@ -125,18 +125,17 @@ def test_entropy_mask_equals_trls_on_the_same_tensors():
         entropy = torch.rand(6, 9, generator=g) * 2  # [6, 9]
         mask = (torch.rand(6, 9, generator=g) > 0.3).float()  # [6, 9]
         theirs = trainer.GRPOTrainer.get_high_entropy_mask(SimpleNamespace(accelerator=same), entropy, mask, 1 - share)
-        ours = methods.top_entropy_mask(entropy, mask, share)
+        ours = e1.top_entropy_mask(entropy, mask, share)
         assert torch.equal(ours, theirs), share
         assert ours.sum() >= share * mask.sum() - 1  # about the share of the scored tokens
 
 
-def test_task_needs_the_tiny_world_and_the_share_is_checked(capsys):
-    for argv, flag in ((["--task", "chain", "--dataset", "gsm8k"], "--task chain"),
-                       (["--top-entropy-quantile", "0"], "--top-entropy-quantile 0")):
-        with pytest.raises(SystemExit):
-            config.parse_args(argv)
-        assert flag in capsys.readouterr().err
-    assert config.parse_args(["--task", "chain"]).max_new_tokens == 128
+def test_the_chain_task_is_a_dataset_and_the_share_is_checked(capsys):
+    with pytest.raises(SystemExit):
+        config.parse_args(["--top-entropy-quantile", "0"])
+    assert "--top-entropy-quantile 0" in capsys.readouterr().err
+    chain = config.parse_args(["--dataset", "chain"])  # its own budget, held-out set and cue (data.DATASETS)
+    assert (chain.max_new_tokens, chain.eval_dataset) == (128, "chain")
     assert config.parse_args([]).max_new_tokens == 48
 
 
@@ -159,7 +158,7 @@ def test_one_step_of_the_chain_task_grpo_is_at_chance(tmp_path, monkeypatch):
     real = tiny.load_or_build
     monkeypatch.setattr(tiny, "load_or_build",
                         lambda cache_dir=tiny.CACHE_DIR, seed=0, task=None: real(cache_dir, seed))
-    train.main(["--method", "grpo", "--task", "chain", "--run-dir", str(tmp_path / "c"), *SMALL])
+    train.main(["--method", "grpo", "--dataset", "chain", "--run-dir", str(tmp_path / "c"), *SMALL])
     (rec,) = steps(tmp_path / "c")
     # GRPO blames every token alike: AUC exactly 1/2 whatever the rollouts
     assert rec["credit_n"] > 0 and rec["credit_auc"] == 0.5 and rec["credit_hit1"] < 0.5

@@ -8,7 +8,7 @@ import os
 import pytest
 
 import data
-import tiny
+from toyworld import tiny
 
 # rows per file, as published (the benchmark files' own README); every one of them must load
 EXPECTED = {("gsm8k", "train"): 7473, ("gsm8k", "test"): 1319, ("math500", "test"): 500, ("aime24", "test"): 30,
@@ -181,7 +181,8 @@ def test_locate_names_the_flag_and_the_path_in_one_line(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:
         data.locate(str(tmp_path / "nope.jsonl"), "train", str(tmp_path), "--dataset")
     assert str(e.value) == f"--dataset {tmp_path}/nope.jsonl: not found (no file {tmp_path}/nope.jsonl)"
-    with pytest.raises(SystemExit, match=r"^--eval-dataset gsm8k_typo: unknown \(known: gsm8k.*\)$"):
+    unknown = r"^--eval-dataset gsm8k_typo: unknown \(known: tiny, chain, arith, gsm8k.*\)$"
+    with pytest.raises(SystemExit, match=unknown):
         data.locate("gsm8k_typo", "test", str(tmp_path), "--eval-dataset")
     with pytest.raises(SystemExit, match="^--dataset math500: no train split"):
         data.locate("math500", "train", str(tmp_path), "--dataset")

@@ -4,7 +4,7 @@ import json
 import pytest
 
 import evaluate
-import tiny
+from toyworld import tiny
 
 
 @pytest.mark.parametrize("n,c,k,expected", [
@@ -91,7 +91,7 @@ def test_two_evaluations_keep_both_results(tmp_path, monkeypatch, capsys, base):
 def test_unknown_benchmark_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):
         evaluate.main(["--benchmarks", "math5000"])
-    assert "unknown benchmark 'math5000'" in capsys.readouterr().err
+    assert "--benchmarks math5000: unknown (known: tiny, chain, arith, gsm8k" in capsys.readouterr().err
 
 
 def test_a_missing_file_fails_in_one_line_before_the_model_loads(tmp_path, capsys, monkeypatch):

@@ -5,8 +5,8 @@ it does not write out. (OAR's forward after a prompt: tests/test_oar.py.)"""
 import pytest
 import torch
 
-import fastpath
 import sample
+from infra import fastpath
 from conftest import assert_close
 from test_sample import assert_grads_close, grads_of, prompts
 

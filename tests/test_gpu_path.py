@@ -9,9 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
-import memory
-import models
-import tiny
+from infra import memory, models
+from toyworld import tiny
 from conftest import THREADS
 from test_train import ROOT
 

@@ -175,7 +175,8 @@ def test_g5_micro_batches_add_up_to_the_full_batch(mode):
     logp = torch.randn(6, 5, requires_grad=True)
     old = logp.detach() + 0.1 * torch.randn(6, 5)
     adv = torch.randn(6, 1).expand(6, 5)
-    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0],
+                         [1, 0, 0, 0, 0]])
     ref = old - 0.05
     kw = dict(agg=mode, max_new_tokens=5, beta=0.1)
     full, _ = grpo.policy_loss(logp, old, adv, mask, ref_logp=ref, **kw)
@@ -223,14 +224,3 @@ def test_policy_loss_at_rho_one_is_the_policy_gradient():
     loss.backward()
     assert torch.allclose(logp.grad, torch.tensor([[-0.25, -0.25], [0.5, 0.0]]))
     assert stats["clip_low"] == 0 and stats["clip_high"] == 0
-
-
-def test_o7_concentration_diagnostics():
-    # row 1: a = [1, 1, 1, 1] -> ESS 16 / (4 * 4) = 1, top-10% = ceil(0.4) = 1 token -> 1/4
-    # row 2: a = [3, 1] -> ESS 16 / (2 * 10) = 0.8, top-10% = ceil(0.2) = 1 token -> 3/4
-    # row 3: A_i = 0 -> left out of the means
-    adv = torch.tensor([[1.0, -1.0, 1.0, 1.0], [3.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
-    d = grpo.advantage_concentration(adv, mask, torch.tensor([1.0, 2.0, 0.0]))
-    assert d["ess_ratio"] == pytest.approx((1 + 0.8) / 2)
-    assert d["top10_mass"] == pytest.approx((0.25 + 0.75) / 2)

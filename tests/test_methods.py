@@ -1,6 +1,8 @@
 """methods.py: --method as a base and a token rule, each rule through the table; config.py's presets; D2's
 fill_batch on a hand-made batch."""
 import json
+import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -32,7 +34,8 @@ def test_method_dapo_sets_its_preset_and_a_flag_given_wins():
     g = config.parse_args(["--method", "ktae"])
     assert (g.eps_high, g.agg, g.dynamic_sampling, g.overlong_buffer, g.signed_reward) == (
         None, "seq-mean-token-mean", False, 0, False)
-    b = config.parse_args(["--method", "dapo", "--eps-high", "0.3", "--no-dynamic-sampling", "--agg", "seq-mean-token-mean"])
+    b = config.parse_args(["--method", "dapo", "--eps-high", "0.3", "--no-dynamic-sampling", "--agg",
+                           "seq-mean-token-mean"])
     assert (b.eps_high, b.dynamic_sampling, b.agg, b.signed_reward) == (0.3, False, "seq-mean-token-mean", True)
     # a rule's defaults: OAR-P probes the last position, OAR-G the teacher-forced answer (O1)
     assert config.parse_args(["--method", "dapo+oar-p"]).oar_probe == "last"
@@ -98,23 +101,34 @@ def test_rule_oar_reweights_the_reasoning_and_keeps_its_total(base, rule):
         assert torch.all(w[R:] == 1)
 
 
-def test_a_new_rule_is_one_function_and_one_entry(base, tmp_path):
-    calls = []
+def readme_rule() -> str:
+    """The README's example rule (section "Adding a token rule"): its one indented code block there."""
+    text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    section = text.split("## Adding a token rule", 1)[1].split("\n## ", 1)[0]
+    block = [line for line in section.splitlines() if line.startswith("    ") or not line.strip()]
+    return "\n".join(line[4:] for line in block).strip()
 
-    def halve(batch, rewards, mask, ctx):  # the README's example shape: G1, then anything per token
-        seq = methods.sequence_advantages(rewards, ctx)  # [N]
-        calls.append(seq.shape)
-        return methods.TokenAdvantages(0.5 * seq[:, None] * mask, seq, None)
 
-    methods.RULES["halve"] = methods.Rule(halve)
+def test_the_readme_rule_runs_as_written(base, tmp_path):
+    # the README's no_eos, executed as it stands there, so that it cannot drift from the code
+    source = readme_rule()
+    assert "def no_eos(batch, rewards, mask, ctx):" in source and 'methods.RULES["no-eos"]' in source
+    exec(source, {"methods": methods})
     try:
-        run_dir = tmp_path / "halve"
-        train.main(["--method", "dapo+halve", "--steps", "1", "--run-dir", str(run_dir), *SMALL])
+        # by hand: one group, r = [1, 0] -> G1 = [+0.7071, -0.7071]; the EOS column (id eos) gets 0
+        eos = base[1].eos_token_id
+        batch = {"input_ids": torch.tensor([[9, 5, eos], [9, 6, 7]]), "prompt_len": 1}
+        mask = torch.ones(2, 2)
+        ctx = methods.Context(SimpleNamespace(no_std_scale=False, device="cpu"), None, base[1], [])
+        adv = methods.RULES["no-eos"].advantages(batch, torch.tensor([[1.0, 0.0]]), mask, ctx)
+        a = 0.5 / (0.5 ** 0.5 + 1e-6)
+        assert torch.allclose(adv.tokens, torch.tensor([[a, 0.0], [-a, -a]]), atol=1e-6)
+        run_dir = tmp_path / "no-eos"
+        train.main(["--method", "dapo+no-eos", "--steps", "1", "--run-dir", str(run_dir), *SMALL])
     finally:
-        del methods.RULES["halve"]
-    assert calls and calls[0] == (16,)
+        del methods.RULES["no-eos"]
     record = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if '"accuracy"' in line][0]
-    assert json.load(open(run_dir / "run.json"))["method"] == "dapo+halve" and record["groups_kept"] == 4
+    assert json.load(open(run_dir / "run.json"))["method"] == "dapo+no-eos" and record["groups_kept"] == 4
 
 
 def _round(correct: list, tag: int, G: int = 2, T: int = 3):

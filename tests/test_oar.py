@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import oar
-import tiny
+from toyworld import tiny
 
 
 def test_reasoning_length_from_sampled_pieces():
@@ -208,3 +208,14 @@ def test_shared_prompts_give_the_plain_scores(base):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         half = oar.gradient_scores(model, ids, attn, reason, probe, prompt_len=P, groups=groups)
     assert half.isfinite().all() and (half[reason.bool()] > 0).all()
+
+
+def test_o7_concentration_diagnostics():
+    # row 1: a = [1, 1, 1, 1] -> ESS 16 / (4 * 4) = 1, top-10% = ceil(0.4) = 1 token -> 1/4
+    # row 2: a = [3, 1] -> ESS 16 / (2 * 10) = 0.8, top-10% = ceil(0.2) = 1 token -> 3/4
+    # row 3: A_i = 0 -> left out of the means
+    adv = torch.tensor([[1.0, -1.0, 1.0, 1.0], [3.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
+    d = oar.advantage_concentration(adv, mask, torch.tensor([1.0, 2.0, 0.0]))
+    assert d["ess_ratio"] == pytest.approx((1 + 0.8) / 2)
+    assert d["top10_mass"] == pytest.approx((0.25 + 0.75) / 2)

@@ -1,10 +1,12 @@
 """plots.py: the heat-map page a student reads (rewards, advantages, legend, readable colours, the question's
 newlines) and the curves (smoothed, titled, one PNG)."""
 import re
+from types import SimpleNamespace
 
 import pytest
 
-import plots
+import methods
+from infra import plots
 
 GREEN_FULL = "background:rgba(0,160,0,0.450);border-bottom:3px solid rgba(0,160,0,1.000)"
 RED_HALF = "background:rgba(220,0,0,0.225);border-bottom:3px solid rgba(220,0,0,0.500)"
@@ -20,7 +22,9 @@ def test_ktae_page_shows_rewards_advantages_legend_and_pastel_colours(tmp_path):
     path = tmp_path / "k.html"
     rollouts = [(["1", "+", "\n", "7"], [1.0, 0.0, 0.0, -0.5], 1.0, 0.866),
                 (["9", "<|endoftext|>"], [-0.5, 0.0], 0.0, -0.866)]
-    plots.token_heatmap(str(path), "ktae: key-token values, step 3", "Q:1+6=?\nA:", rollouts, kind="ktae")
+    hm = methods.RULES["ktae"].heatmap(None, None, None)  # the rule says how its values are coloured: around 0
+    assert (hm.kind, hm.centre, hm.scale) == ("ktae", 0.0, 1.0)
+    plots.token_heatmap(str(path), "ktae: key-token values, step 3", "Q:1+6=?\nA:", rollouts, *hm[:1], *hm[2:])
     page = path.read_text()
     assert "reward 1 (rewarded) &middot; sequence advantage +0.866" in page
     assert "reward 0 (not rewarded) &middot; sequence advantage -0.866" in page
@@ -37,15 +41,17 @@ def test_ktae_page_shows_rewards_advantages_legend_and_pastel_colours(tmp_path):
 
 def test_oar_page_explains_the_uncoloured_answer_and_green_in_a_wrong_rollout(tmp_path):
     path = tmp_path / "o.html"
+    hm = methods.RULES["oar-g"].heatmap(None, None, SimpleNamespace(oar_beta=2.0))  # around 1, at most 1 + beta
+    assert (hm.kind, hm.centre, hm.scale) == ("oar", 1.0, 2.0)
     plots.token_heatmap(str(path), "oar-g: OAR weights", "Q:2+2=?\nA:", [(["4", "}"], [3.0, 1.0], 0.0, -1.5)],
-                        kind="oar", scale=2.0)
+                        kind=hm.kind, centre=hm.centre, scale=hm.scale)
     page = path.read_text()
     assert "boxed answer and EOS keep weight 1" in page and "reward 0 (negative advantage) green means" in page
     assert "full colour at 3" in page and "full colour at -1" in page  # the scale: 1 +- beta
     assert spans(page) == [("+3.000", GREEN_FULL, "4"), ("+1.000", "", "}")]
     assert "sequence advantage -1.500" in page
     with pytest.raises(ValueError, match="kind"):
-        plots.token_heatmap(str(path), "t", "q", [], kind="ppo")
+        plots.token_heatmap(str(path), "t", "q", [], kind="ppo", centre=0.0)
 
 
 def test_moving_average():

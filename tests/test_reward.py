@@ -231,7 +231,8 @@ def _random_prediction(rng):
     pieces += [str(rng.randint(0, 10 ** rng.randint(1, 30))) for _ in range(rng.randint(0, 3))]
     rng.shuffle(pieces)
     pred = "".join(pieces)
-    return rng.choice(["", "\\boxed{" + pred + "}", "\\boxed{" + pred, pred, "so \\boxed{" + pred + "}" + rng.choice(["", "}", "}}}", "."])])
+    tail = rng.choice(["", "}", "}}}", "."])
+    return rng.choice(["", "\\boxed{" + pred + "}", "\\boxed{" + pred, pred, "so \\boxed{" + pred + "}" + tail])
 
 
 def test_fuzzed_predictions_never_raise_or_hang(monkeypatch):

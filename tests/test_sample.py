@@ -5,7 +5,7 @@ import random
 import torch
 
 import sample
-import tiny
+from toyworld import tiny
 from conftest import assert_close
 
 
@@ -58,7 +58,8 @@ def test_truncated_rows_are_flagged(base):
 
 
 def test_position_ids_ignore_left_padding():
-    assert sample.position_ids(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+    got = sample.position_ids(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])).tolist()
+    assert got == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
 
 
 def test_concatenated_rounds_keep_their_logprobs(base):

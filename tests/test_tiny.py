@@ -3,7 +3,7 @@ import random
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import tiny
+from toyworld import tiny
 
 
 def test_task_by_hand():

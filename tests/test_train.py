@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-import plots
 import train
+from infra import plots
 
 ROOT = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
 
@@ -91,7 +91,8 @@ def test_token_level_methods_write_heat_maps_and_concentrate_the_advantage(base,
     assert all(s["ess_ratio"] < 1 and s["top10_mass"] > 0.1 for s in steps)  # plain GRPO: 1 and ~0.1 (test_grpo)
     page = (run_dir / "heatmaps" / "step2.html").read_text()
     assert "Q:" in page and page.count('class="r"') == 8  # the question, one line per rollout of the group (G = 8)
-    assert len(re.findall(r"reward -?[\d.]+ \((?:not )?rewarded\) &middot; sequence advantage [+-]\d\.\d{3}", page)) == 8
+    header = r"reward -?[\d.]+ \((?:not )?rewarded\) &middot; sequence advantage [+-]\d\.\d{3}"
+    assert len(re.findall(header, page)) == 8
     assert "white-space: pre-wrap" in page
     # every token's style is exactly the one its value calls for (in the rollouts only: the legend's swatches
     # always hold both colours, which is why a bare "rgba(0,160,0," in page could never fail)

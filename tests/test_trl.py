@@ -12,15 +12,15 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("trl", reason="TRL is optional: pip install -r requirements-trl.txt")
+pytest.importorskip("trl", reason="TRL is optional: pip install -r requirements/trl.txt")
 
 from conftest import THREADS, assert_close  # noqa: E402
 import grpo  # noqa: E402
 import methods  # noqa: E402
 import reward  # noqa: E402
 import sample  # noqa: E402
-import tiny  # noqa: E402
-import trl_grpo  # noqa: E402
+from toyworld import tiny  # noqa: E402
+from scaling import trl_grpo  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, G, L = 4, 8, 24  # prompts, rollouts each, max new tokens
@@ -156,7 +156,8 @@ def test_a_bad_method_or_rule_flag_is_one_line():
         assert names in str(e.value.code) and "\n" not in str(e.value.code)
 
 DRIVER = """
-import sys, torch, trl_grpo, trl_train
+import sys, torch
+from scaling import trl_grpo, trl_train
 orig = trl_grpo.RuleGRPOTrainer._generate_and_score_completions
 def saving(self, inputs):
     out = orig(self, inputs)

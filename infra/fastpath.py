@@ -78,7 +78,7 @@ def decode_step(model, tokens, pos, keys, values, col: int, bias):
     values at column col and returns the next-token logits [A, V].
     It is model(...) written out with the model's own modules. HF's forward also builds a mask, grows its cache by
     torch.cat (a copy of the whole cache per step) and passes through its wrappers at every step, which on the
-    tiny default costs more than the arithmetic (about 10 % of the sampler). The training forward stays HF's, and
+    tiny default costs more than the arithmetic (docs/LOG.md). The training forward stays HF's, and
     tests check that the two agree token for token and log-prob for log-prob (tests/test_fastpath.py).
     """
     decoder = model.get_decoder()
@@ -144,7 +144,7 @@ def logits_after_prompt(model, embeds, attention_mask, positions, kv, rows: torc
     cannot make: in the last layer only the `keep` columns need a query, an attention output and an MLP; the
     other columns give that layer only their keys and values. OAR reads the logits of 1-3 columns out of about 22
     on the tiny world, so this is about a fifth of each pass by a count of matrix products (and HF's mask and cache
-    handling go too): OAR-G's scoring took 25 % less time than through HF's forward, in an interleaved A/B.
+    handling go too; docs/LOG.md has the A/B against HF's forward).
     tests/test_oar.py checks OAR's scores through it against HF's forward; tests/test_fastpath.py its error for
     other layouts. Qwen2 and Llama layouts only (decodes), as decode_step; oar.py runs other models through their
     own forward.

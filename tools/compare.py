@@ -1,9 +1,9 @@
 """Side-by-side runs: every method over the same seeds on the tiny default, one command, one directory.
 
-    python compare.py --threads 2                       # grpo dapo ktae dapo+ktae oar-g oar-p, seeds 0 1 2, 100 steps
-    python compare.py --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick
-    python compare.py --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick -- --lr 1e-4   # train.py flags
-    python compare.py --task chain --methods grpo,ktae,oar-g,oar-p,entropy --seeds 0,1,2,3,4 --out runs/chain
+    python tools/compare.py --threads 2          # every short --method of methods.py, seeds 0 1 2, 100 steps
+    python tools/compare.py --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick
+    python tools/compare.py --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick -- --lr 1e-4   # train.py flags
+    python tools/compare.py --dataset chain --methods grpo,ktae,oar-g,oar-p,entropy --seeds 0,1,2,3,4 --out runs/chain
 
 OUT (--out, or its alias --run-dir) is taken relative to the directory you run the command from, wherever
 compare.py itself lies. --eval-every defaults to a quarter of --steps (4 evaluations, plus step 0).
@@ -16,7 +16,7 @@ checkpoint starts over (train.py --overwrite), so a stopped comparison picks up 
     accuracy.png reward.png length.png entropy.png ess.png   a line per method (mean over seeds), min-max band
     credit_auc.png credit_hit1.png credit_hit3.png credit_rank.png
                                                              how well the rule's blame points at a wrong rollout's
-                                                             first error (credit.py; the synthetic tasks only)
+                                                             first error (toyworld/credit.py; its tasks only)
     results.md                                               final accuracy mean +- std, length, wall time, and the
                                                              attribution metrics (mean over steps, +- std over seeds)
     heatmaps/METHOD.html                                     the last evaluation's heat map (seed 0)
@@ -29,13 +29,17 @@ import statistics
 import subprocess
 import sys
 
-import plots
-import tasks
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's root, one folder up
+if __package__ in (None, ""):  # run as a file (python tools/compare.py): the project's modules are in ROOT
+    sys.path.insert(0, ROOT)
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TRAIN = os.path.join(HERE, "train.py")  # by its full path: compare.py may be run from any directory
+import data  # noqa: E402
+import methods  # noqa: E402
+from infra import plots  # noqa: E402
+
+TRAIN = os.path.join(ROOT, "train.py")  # by its full path: compare.py may be run from any directory
 OWN_FLAGS = ("--method", "--seed", "--steps", "--run-dir", "--eval-every", "--save-every", "--threads", "--resume",
-             "--overwrite", "--task")  # set by compare.py itself for every run
+             "--overwrite", "--dataset")  # set by compare.py itself for every run
 
 PLOTS = {"accuracy.png": ("eval_accuracy", "greedy held-out accuracy"), "reward.png": ("reward_mean", "sampled reward"),
          "length.png": ("response_len", "response length (tokens)"), "entropy.png": ("entropy", "entropy"),
@@ -62,14 +66,14 @@ def run_one(method, seed, args):
         return read(os.path.join(run_dir, "metrics.jsonl"))
     cmd = [sys.executable, TRAIN, "--method", method, "--seed", str(seed), "--steps", str(args.steps),
            "--run-dir", run_dir, "--eval-every", str(args.eval_every), "--save-every", str(args.eval_every),
-           "--task", args.task, *(["--threads", str(args.threads)] if args.threads else []), *args.train_args]
+           "--dataset", args.dataset, *(["--threads", str(args.threads)] if args.threads else []), *args.train_args]
     resuming = any(os.path.isdir(os.path.join(run_dir, d)) for d in ("checkpoint", "checkpoint.prev"))
     # a run stopped before its first checkpoint left a metrics file that train.py would refuse to start over on
     leftover = not resuming and os.path.isdir(run_dir) and bool(os.listdir(run_dir))
     extra = ["--resume"] if resuming else ["--overwrite"] if leftover else []
     what = "resuming" if resuming else "restarting (no checkpoint to resume)" if leftover else "running"
     print(f"{what} {method} seed {seed}: {' '.join(cmd[1:] + extra)}", flush=True)
-    subprocess.run(cmd + extra, check=True, cwd=HERE)
+    subprocess.run(cmd + extra, check=True, cwd=ROOT)
     with open(done_path, "w") as f:
         json.dump({"method": method, "seed": seed, "steps": args.steps}, f)
     return read(os.path.join(run_dir, "metrics.jsonl"))
@@ -117,20 +121,24 @@ def table(results: dict) -> str:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--methods", default="grpo,dapo,ktae,dapo+ktae,oar-g,oar-p")
+    p.add_argument("--methods", default=",".join(methods.short_names()), help="comma-separated --method names "
+                                                                              "(default: %(default)s)")
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--steps", type=int, default=100, help="per run (6 methods x 3 seeds of 100 steps: about 35 "
-                                                           "minutes on 2 cores)")
+    p.add_argument("--steps", type=int, default=100, help="per run (default: %(default)s)")
     p.add_argument("--eval-every", type=int, default=None, help="greedy evaluation (and checkpoint) every N steps "
                                                                  "(default: steps / 4, at least 1)")
     p.add_argument("--out", "--run-dir", dest="out", default="runs/compare",
                    help="directory of the comparison, relative to where you run the command (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch in every train.py run (default: "
                                                              "torch's choice; on a shared machine pass what is yours)")
-    p.add_argument("--task", default="tiny", choices=list(tasks.TASKS), help="the synthetic task of every run (train.py --task: tiny, chain)")
+    p.add_argument("--dataset", default=data.DEFAULT, help="the training problems of every run (train.py --dataset: "
+                                                           "tiny, chain, ...)")
     p.add_argument("train_args", nargs="*", help="more train.py flags, after --, e.g. -- --lr 1e-4")
     args = p.parse_args(argv)
-    methods, seeds = args.methods.split(","), [int(s) for s in args.seeds.split(",")]
+    chosen, seeds = args.methods.split(","), [int(s) for s in args.seeds.split(",")]
+    for m in chosen:  # a wrong name fails now, not after the first runs
+        if m not in methods.names():
+            p.error(f"--methods: unknown method {m!r} (choose from {', '.join(methods.names())})")
     if args.eval_every is None:
         args.eval_every = max(1, args.steps // 4)
     for flag in args.train_args:
@@ -138,19 +146,20 @@ def main(argv=None):
             p.error(f"{flag.split('=')[0]} after --: compare.py sets it for every run (use compare.py's own flag)")
     args.out = os.path.abspath(args.out)  # the user's cwd, not train.py's
     os.makedirs(args.out, exist_ok=True)
-    results = {m: [run_one(m, s, args) for s in seeds] for m in methods}
+    results = {m: [run_one(m, s, args) for s in seeds] for m in chosen}
     for name, (key, label) in PLOTS.items():
         plots.curves(os.path.join(args.out, name), key, results, label,
-                     title=f"{label}, {len(methods)} methods x {args.steps} steps")
+                     title=f"{label}, {len(chosen)} methods x {args.steps} steps")
     os.makedirs(os.path.join(args.out, "heatmaps"), exist_ok=True)
-    for m in methods:
+    for m in chosen:
         maps = os.path.join(args.out, f"{m}-seed{seeds[0]}", "heatmaps")
         if os.path.isdir(maps) and os.listdir(maps):
             last = max(os.listdir(maps), key=lambda f: int(f[4:-5]))  # stepN.html
             shutil.copy(os.path.join(maps, last), os.path.join(args.out, "heatmaps", f"{m}.html"))
     md = table(results)
     with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(f"`python compare.py --task {args.task} --methods {args.methods} --seeds {args.seeds} --steps "
+        f.write(f"`python tools/compare.py --dataset {args.dataset} --methods {args.methods} --seeds {args.seeds} "
+                f"--steps "
                 f"{args.steps} --eval-every {args.eval_every}{' -- ' * bool(args.train_args)}"
                 f"{' '.join(args.train_args)}`\n\n" + md)
     print(md)

@@ -2,9 +2,9 @@
 
 token_heatmap() colours every token of every rollout of one group by a per-token value, in pastel backgrounds
 with a coloured underline so that the text stays readable: green above the centre, red below, the intensity
-proportional to |value - centre| / scale, the exact value on hover. KTAE colours by the key-token value
-(centre 0, scale 1); OAR by its weight (centre 1, scale beta). Each rollout's header gives its reward and its
-sequence advantage, and a legend per kind says what the colours mean.
+proportional to |value - centre| / scale, the exact value on hover; each token rule says its centre and scale
+(methods.Rule.heatmap: KTAE's values around 0, OAR's weights around 1). Each rollout's header gives its reward and
+its sequence advantage, and a legend per kind says what the colours mean.
 
 curves() draws one metric over the steps, a line per method: the mean over seeds, smoothed by a moving
 average (the raw mean faint behind it) and a band from the lowest to the highest seed.
@@ -67,16 +67,13 @@ def _token(text: str) -> str:
             or "&nbsp;")
 
 
-def token_heatmap(path: str, title: str, question: str, rollouts: list, kind: str = "ktae", centre: float = None,
-                  scale: float = 1.0):
+def token_heatmap(path: str, title: str, question: str, rollouts: list, kind: str, centre: float, scale: float = 1.0):
     """Write an HTML page for one group. rollouts: list of (tokens: list[str], values: list[float], reward: float,
-    advantage: float), advantage being the rollout's sequence advantage A_i (G1). kind: 'ktae' (centre 0),
-    'oar' (centre 1) or 'entropy' (centre: E1's threshold, given), which picks the legend; scale: the distance from
-    the centre at full colour."""
+    advantage: float), advantage being the rollout's sequence advantage A_i (G1). kind: which legend (LEGENDS)
+    explains the colours; centre: the value left uncoloured; scale: the distance from the centre at full colour.
+    A rule says all three of its values (methods.Rule.heatmap)."""
     if kind not in LEGENDS:
         raise ValueError(f"kind must be one of {sorted(LEGENDS)}, got {kind!r}")
-    if centre is None:
-        centre = 1.0 if kind == "oar" else 0.0
     rows = []
     for i, (tokens, values, reward, adv) in enumerate(rollouts):
         spans = "".join(f'<span title="{v:+.3f}"{_attr(v, centre, scale)}>{_token(t)}</span>'

@@ -30,7 +30,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qw
 EOS = "<|endoftext|>"
 ALPHABET = "0123456789+-=?:\nQA \\boxed{}"  # every character a prompt or a solution uses
 N_EVAL = 256  # held-out evaluation problems, never used for training
-CACHE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".cache")
+NAME = "tiny"  # this world's name: of its task, its dataset and its model (--dataset tiny, --model tiny)
+# the repository's .cache/ (beside toyworld/): built models, reused by every later run
+CACHE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -109,7 +111,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 def _byte_level_symbols() -> dict:
     """The GPT-2 byte-to-unicode table (the symbols ByteLevel writes), for the characters we use."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1))
+          + list(range(ord("\xae"), ord("\xff") + 1)))
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:
@@ -154,10 +157,9 @@ def warm_start(model, tokenizer, steps: int = 250, batch_size: int = 64, lr: flo
                progress=None, task=None) -> float:
     """Supervised next-token training on worked solutions of training problems (held-out set excluded).
 
-    AdamW, 30 warm-up steps, then a constant learning rate. With these defaults (about 50 s on 2 cores) the
-    model reaches 0.49 greedy and about 0.33 sampled (temperature 1) on the held-out set; 400 steps give about
-    0.89, which leaves RL too little to do. The rate is left constant on purpose: a warm start annealed to 0
-    sat in a sharp spot that RL at lr 1e-4 knocked down (0.49 -> 0.23 in 200 steps).
+    AdamW, 30 warm-up steps, then a constant learning rate. The defaults leave the model partly right (about half
+    of the held-out set greedily): longer warm starts leave RL too little to do. The rate is left constant on
+    purpose: a warm start annealed to 0 sat in a sharp spot that RL knocked down (docs/LOG.md, up to 2026-11-21).
 
     task: another task of tasks.py (its problems, and its solutions, drawn with their own RNG); None: this world.
     """
@@ -186,7 +188,7 @@ def load_or_build(cache_dir: str = CACHE_DIR, seed: int = 0, task=None):
     The directory is an ordinary HF checkpoint (AutoModelForCausalLM / AutoTokenizer open it). It is written
     to a temporary name and renamed, so a run killed while building leaves no half-written model behind.
     """
-    path = os.path.join(cache_dir, f"{task.name if task else 'tiny'}-base-seed{seed}")
+    path = os.path.join(cache_dir, f"{task.name if task else NAME}-base-seed{seed}")
     if not os.path.exists(os.path.join(path, "model.safetensors")):
         from tqdm import tqdm
         tokenizer = build_tokenizer()

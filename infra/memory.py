@@ -85,13 +85,13 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     return {"sampling": sampling, "training forward and backward": training, "optimizer step": step}
 
 
-def dry_run(cfg, args, gpu_bytes: int):
-    """--dry-run: the plan for these settings, and if it does not fit, what each memory flag would bring it to."""
+def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int):
+    """--dry-run: the plan for these settings, and if it does not fit, what each memory flag would bring it to.
+    prompt_tokens: the data's prompt length (data.Dataset.prompt_tokens), cut to what the positions leave."""
     positions = getattr(cfg, "max_position_embeddings", None) or 1 << 30
     if args.max_new_tokens >= positions:
         sys.exit(f"--max-new-tokens {args.max_new_tokens}: the model has {positions} positions in all")
-    # prompts as planned: the tiny world's are 16 tokens; others 512, or what the positions leave them
-    prompt_len = 16 if args.dataset == "tiny" else min(512, positions - args.max_new_tokens)
+    prompt_len = min(prompt_tokens, positions - args.max_new_tokens)
     settings = dict(rollouts=args.prompts_per_step * args.group_size,
                     gen_rollouts=(args.gen_batch_size or args.prompts_per_step) * args.group_size,
                     prompt_len=prompt_len, max_new_tokens=args.max_new_tokens, micro_batch=args.micro_batch_size,

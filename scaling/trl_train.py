@@ -1,31 +1,34 @@
 """Any --method inside TRL's GRPOTrainer (trl_grpo.RuleGRPOTrainer): one CPU, several processes, several GPUs.
 
-    python trl_train.py --method ktae --threads 1                       # the tiny world, one CPU process
-    torchrun --nproc_per_node 2 trl_train.py --method ktae --use_cpu --gradient_accumulation_steps 1
-    accelerate launch --num_processes 8 trl_train.py --method ktae --model DIR --dataset gsm8k \\
+    python scaling/trl_train.py --method ktae --threads 1                # the tiny world, one CPU process
+    torchrun --nproc_per_node 2 scaling/trl_train.py --method ktae --use_cpu --gradient_accumulation_steps 1
+    accelerate launch --num_processes 8 scaling/trl_train.py --method ktae --model DIR --dataset gsm8k \\
         --per_device_train_batch_size 16 --gradient_accumulation_steps 1 --use_vllm
 
-TRL is an optional dependency (pip install -r requirements-trl.txt); no other module imports this one. The flags
-are GRPOConfig's own names (--learning_rate, --num_generations, --max_completion_length, --epsilon_high,
---loss_type, --mask_truncated_completions, --num_iterations, --use_vllm, ...: `python trl_train.py --help`), with
+TRL is an optional dependency (pip install -r requirements/trl.txt); no other module imports this one. The flags
+are GRPOConfig's own names (--learning_rate, --num_generations, --max_completion_length, --epsilon_high, --loss_type,
+--mask_truncated_completions, --num_iterations, --use_vllm, ...: `python scaling/trl_train.py --help`), with
 train.py's tiny defaults where TRL's differ (set below, DEFAULTS), plus the few of this script (ScriptArguments).
 The held-out evaluation is train.py's: greedy, the same problems, evaluate.score, before and after training.
 """
+import os
 import random
 import sys
 import time
 from dataclasses import dataclass, field
 
-import torch
-from datasets import Dataset
-from transformers import HfArgumentParser, TrainerCallback
-from trl import GRPOConfig
+if __package__ in (None, ""):  # run as a file (python scaling/trl_train.py): the project's modules are one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import data
-import evaluate
-import models
-import tiny
-import trl_grpo
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
+
+import data  # noqa: E402
+import evaluate  # noqa: E402
+from infra import models  # noqa: E402
+from scaling import trl_grpo  # noqa: E402
 
 
 @dataclass
@@ -34,8 +37,9 @@ class ScriptArguments:
                                                           "dapo+ktae, ... (methods.py)"})
     method_flags: str = field(default="", metadata={"help": "more train.py flags for the rule, e.g. '--ktae-top 2 "
                                                             "--oar-q 0.4' (config.py checks them)"})
-    model: str = field(default="tiny", metadata={"help": "'tiny', a local HF model directory, or a hub name"})
-    dataset: str = field(default="tiny", metadata={"help": "training problems: tiny (fresh), gsm8k, a .jsonl, ..."})
+    model: str = field(default=models.DEFAULT, metadata={"help": "as train.py's --model"})
+    dataset: str = field(default=data.DEFAULT, metadata={"help": "as train.py's --dataset: tiny (fresh problems), "
+                                                                  "gsm8k, a .jsonl file, ..."})
     eval_dataset: str = field(default=None, metadata={"help": "held-out problems (tiny, arith: their own; else "
                                                                "math500)"})
     eval_limit: int = field(default=256, metadata={"help": "first N held-out problems"})
@@ -64,7 +68,8 @@ def parse(argv=None):
     p.set_defaults(**DEFAULTS)
     script, cfg = p.parse_args_into_dataclasses(argv)
     args = trl_grpo.rule_args(script.method, group_size=cfg.num_generations, max_new_tokens=cfg.max_completion_length,
-                              device="cpu", bf16=cfg.bf16, scale_rewards=cfg.scale_rewards, flags=script.method_flags)
+                              device="cpu", bf16=cfg.bf16, scale_rewards=cfg.scale_rewards, flags=script.method_flags,
+                              model=script.model, dataset=script.dataset)
     given = {a.split("=")[0].lstrip("-") for a in argv if a.startswith("--")}
     for k, v in trl_grpo.grpo_config_options(args).items():
         if k not in given:
@@ -73,24 +78,17 @@ def parse(argv=None):
 
 
 def problems(script, cfg, tokenizer, n_train: int):
-    """(train, held_out): problem dicts with prompt and answer. Tiny: n_train fresh problems, none held out."""
-    name = script.eval_dataset or (script.dataset if script.dataset in data.GENERATED else "math500")  # as train.py
-    held_out, _ = data.load(name, "test", script.data_dir, script.eval_limit, flag="--eval_dataset")
-    held_out, _ = data.drop_unencodable(held_out, tokenizer)
-    if script.dataset == "tiny":
-        seen = {p["question"] for p in held_out}
-        train = [data.tiny_problem(q) for q in tiny.train_problems(random.Random(cfg.seed), n_train, seen)]
-    else:
-        train, _ = data.load(script.dataset, data.train_split(script.dataset), script.data_dir, flag="--dataset")
-        train, _ = data.drop_unencodable(train, tokenizer)
-    for p in train + held_out:
-        p["prompt"] = p.get("prompt") or data.build_prompt(tokenizer, p["question"], p.get("shots", ()))
-    return train, held_out
+    """(train, held_out): the training problems with their prompts (a tiny-world task: n_train fresh ones) and the
+    held-out set (data.Problems), loaded as train.py loads them."""
+    eval_name = script.eval_dataset or data.dataset(script.dataset).held_out
+    held = data.run_problems(script.dataset, eval_name, tokenizer, data_dir=script.data_dir,
+                             eval_limit=script.eval_limit, seed=cfg.seed, eval_flag="--eval_dataset")
+    return held.pool or held.draw(random.Random(cfg.seed), n_train), held
 
 
 def held_out_accuracy(model, tokenizer, held_out, cfg, script) -> float:
     """train.py's evaluation: greedy, evaluate.score, on the held-out prompts."""
-    r = evaluate.score(model, tokenizer, [p["prompt"] for p in held_out], [p["answer"] for p in held_out],
+    r = evaluate.score(model, tokenizer, held_out.eval_prompts, held_out.eval_golds,
                        max_new_tokens=cfg.max_completion_length, batch_size=script.eval_batch_size)
     return r["accuracy"]
 
@@ -117,7 +115,7 @@ def main(argv=None):
               f"trained on (train.py's --no-dynamic-sampling). D1, D3 and D4 are TRL's options (epsilon_high "
               f"{cfg.epsilon_high}, loss_type {cfg.loss_type}, the reward functions).")
     torch.manual_seed(cfg.seed)
-    model, tokenizer, _ = models.load_model(script.model)
+    model, tokenizer, _ = models.load_model(script.model, world=data.dataset(script.dataset).world)
     n_prompts = cfg.max_steps * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * \
         max(cfg.world_size, 1) // cfg.num_generations  # every problem sampled once (train.py: fresh problems)
     train, held_out = problems(script, cfg, tokenizer, n_prompts)
@@ -136,7 +134,7 @@ def main(argv=None):
         after = held_out_accuracy(trainer.model, tokenizer, held_out, cfg, script)
         trainer.save_model(cfg.output_dir)
         print(f"{cfg.max_steps} steps in {seconds:.0f} s ({seconds / cfg.max_steps:.2f} s a step)")
-        print(f"greedy held-out accuracy: {before:.3f} -> {after:.3f}   ({len(held_out)} problems, "
+        print(f"greedy held-out accuracy: {before:.3f} -> {after:.3f}   ({len(held_out.eval_golds)} problems, "
               f"model in {cfg.output_dir})")
     trainer.accelerator.wait_for_everyone()
 

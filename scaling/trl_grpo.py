@@ -38,8 +38,8 @@ from trl import GRPOTrainer
 
 import config
 import dapo
-import grpo
 import methods
+import oar
 import reward
 
 # G5's aggregations and TRL's loss_type that computes each (TRL divides by its own counts: "grpo" by each
@@ -48,14 +48,17 @@ LOSS_TYPE = {"seq-mean-token-mean": "grpo", "token-mean": "dapo", "seq-mean-toke
 
 
 def rule_args(method: str, *, group_size: int, max_new_tokens: int, device: str, bf16: bool = False,
-              scale_rewards: str = "group", flags: str = ""):
+              scale_rewards: str = "group", flags: str = "", model: str = None, dataset: str = None):
     """train.py's flags for --method (config.parse_args: the base's and rule's presets, every check), with the
-    values TRL's GRPOConfig decides set from it. flags: more train.py flags for the rule, e.g. "--ktae-top 2"."""
+    values TRL's GRPOConfig decides set from it. flags: more train.py flags for the rule, e.g. "--ktae-top 2";
+    model, dataset: the run's (None: train.py's defaults), whose records set some of the rule's defaults (OAR's
+    cue and chunk)."""
     if scale_rewards not in ("group", "none"):
         raise SystemExit(f"--scale_rewards {scale_rewards}: G1 scales by the group's std (group) or not (none); "
                          f"TRL's batch scaling is not one of this project's rules")
-    argv = ["--method", method, "--group-size", str(group_size), "--max-new-tokens", str(max_new_tokens),
-            "--device", device, *(["--bf16"] if bf16 else []), *(["--no-std-scale"] if scale_rewards == "none" else []),
+    argv = ["--method", method, *(["--model", model] if model else []), *(["--dataset", dataset] if dataset else []),
+            "--group-size", str(group_size), "--max-new-tokens", str(max_new_tokens), "--device", device,
+            *(["--bf16"] if bf16 else []), *(["--no-std-scale"] if scale_rewards == "none" else []),
             *flags.split()]
     err = io.StringIO()  # config's argparse prints train.py's whole usage before its error: keep the error line only
     try:
@@ -171,7 +174,7 @@ class RuleGRPOTrainer(GRPOTrainer):
         adv = rule_advantages(self.rule_args.rule, batch, rewards, mask, ctx, rows)
         out["advantages"] = adv.tokens[:, :out["completion_ids"].shape[1]]  # [n, T_local]
         self.last = {"batch": batch, "rewards": rewards, "mask": mask, "rows": rows, "advantages": adv}
-        for k, v in grpo.advantage_concentration(adv.tokens, mask[rows], adv.seq).items():  # O7, this process's rows
+        for k, v in oar.advantage_concentration(adv.tokens, mask[rows], adv.seq).items():  # O7, this process's rows
             self._metrics["train"][k].append(v)
         return out
 

@@ -26,7 +26,7 @@ CHECKPOINT, PREVIOUS, TMP = "checkpoint", "checkpoint.prev", "checkpoint.tmp"
 MANIFEST = "manifest.json"
 # Settings whose change would make a resumed run a different experiment. Others (--steps, --eval-every,
 # --threads, --max-minutes, ...) may change on resume: extending a run is what --resume is for.
-SAME_ON_RESUME = ["method", "model", "dataset", "task", "group_size", "prompts_per_step", "max_new_tokens", "seed"]
+SAME_ON_RESUME = ["method", "model", "dataset", "group_size", "prompts_per_step", "max_new_tokens", "seed"]
 
 
 def fail(message: str):

@@ -1,4 +1,4 @@
-"""The synthetic tasks (`--task`): the tiny world (the default) and "chain", where answers vary in length.
+"""The tiny world's tasks, each a --dataset of data.py: tiny (the default) and "chain", where answers vary in length.
 
 Both are left-to-right chains of single-digit operands joined by + and -, worked one step a line and ended by
 \\boxed{answer}, with the tiny world's tokenizer (one token per character) and model class. They differ in what
@@ -12,7 +12,7 @@ the warm start imitates:
 In the chain task only a few tokens decide the answer (the digits of each result), many correct solutions of
 different lengths exist, and a method could learn to be brief. Every task knows, for any text, whether it can
 still be continued into a correct solution (viable()): credit.py finds the first token of a wrong rollout that
-departs from every correct solution with it.
+departs from every correct solution with it. `--model tiny` means the task's own warm-started model.
 
 A Task's fields: make_problem(rng) -> q; answer(q); prompt(q); solution(q, rng) -> one correct worked solution
 (the warm start's target, without EOS); viable(q, text) -> bool; and the warm start's settings (steps, batch
@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-import tiny
+from toyworld import tiny
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def viable(q: str, text: str, padded: bool) -> bool:
 
 
 TASKS = {
-    "tiny": Task("tiny", tiny.make_problem, lambda q, rng: tiny.solution(q), padded=False, max_new_tokens=48,
+    tiny.NAME: Task(tiny.NAME, tiny.make_problem, lambda q, rng: tiny.solution(q), padded=False, max_new_tokens=48,
                  warm_steps=250, warm_batch=64, warm_lr=1e-3),
     "chain": Task("chain", make_chain, chain_solution, padded=True, max_new_tokens=128,
                   warm_steps=350, warm_batch=64, warm_lr=1e-3, eval_seed=4321),
