@@ -120,8 +120,9 @@ def add_shared_flags(p: argparse.ArgumentParser):
     p.add_argument("--data-dir", default=data.DATA_DIR, help="where the benchmark files are (else: the hub)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--bf16", action="store_true",
-                   help="bf16 autocast: matrix products in bf16, the weights (and training's gradients and AdamW "
-                        "states) float32, since a 1e-6 update is below a bf16 weight's precision")
+                   help="compute in bf16: weights that do not train are held in bf16 (evaluate.py's model, the "
+                        "reference model); weights that train keep float32 and run under bf16 autocast, since a "
+                        "1e-6 update is below a bf16 weight's precision")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice; on a "
                                                              "shared machine pass what is yours)")
 

@@ -52,7 +52,8 @@ def score(model, tokenizer, prompts: list, golds: list, *, k: int = 1, temperatu
     pass@k (unbiased, equal to the share of problems with any correct response when k = n), n (problems graded;
     one whose gold answer the checker cannot parse is counted in checker['gold_unparseable'] and left out), the
     mean response length in tokens, the share of responses with a \\boxed answer, the checker's counters, how
-    often the model's context shortened a prompt or the token budget, and the responses in prompt order (k each).
+    often the model's context shortened a prompt or the token budget, and the responses in prompt order (k each)
+    with their verdicts (True, False; None where the gold answer cannot be parsed) and lengths in tokens.
     """
     if temperature == 0 and k > 1:
         raise ValueError("greedy decoding gives the same response k times: use --temperature > 0 with --k > 1")
@@ -75,9 +76,10 @@ def score(model, tokenizer, prompts: list, golds: list, *, k: int = 1, temperatu
         n_tok = out["response_mask"].sum(-1).tolist()  # [len(idx) * k]
         for j, i in enumerate(idx):
             texts[i], lengths[i] = resp[j * k:(j + 1) * k], n_tok[j * k:(j + 1) * k]
-    stats, per_problem = reward.new_stats(), []
+    stats, per_problem, all_verdicts = reward.new_stats(), [], []
     for responses, gold in zip(texts, golds):
         verdicts = [reward.is_correct(r, gold, stats) for r in responses]
+        all_verdicts += verdicts
         if None not in verdicts:  # None: the gold answer itself is unparseable (counted in stats)
             per_problem.append(sum(verdicts))
     n = max(len(per_problem), 1)
@@ -91,6 +93,8 @@ def score(model, tokenizer, prompts: list, golds: list, *, k: int = 1, temperatu
         "prompts_cut": cut,  # prompts longer than half the model's context, kept from their end
         "batches_capped": capped,  # batches whose new-token budget the context shortened
         "responses": [r for rs in texts for r in rs],
+        "verdicts": all_verdicts,
+        "lengths": [n for ns in lengths for n in ns],
     }
 
 
@@ -106,28 +110,28 @@ def run_benchmark(model, tokenizer, name: str, args) -> dict:
     prompts = [data.dataset(name).prompt(tokenizer, p) for p in problems]
     golds = [p["answer"] for p in problems]
     t0 = time.time()
-    with sample.autocast(args.device, args.bf16):
-        greedy = score(model, tokenizer, prompts, golds, max_new_tokens=args.max_new_tokens,
-                       batch_size=args.batch_size, desc=f"{name} greedy")
+    greedy = score(model, tokenizer, prompts, golds, max_new_tokens=args.max_new_tokens,
+                   batch_size=args.batch_size, desc=f"{name} greedy")
     row = {"n": greedy["n"], "rows_skipped": len(skipped), "pass@1": greedy["accuracy"],
            "response_len": greedy["response_len"], "boxed": greedy["boxed"],
            "timeouts": greedy["checker"]["timeouts"], "malformed": greedy["checker"]["malformed"],
            "prompts_cut": greedy["prompts_cut"], "batches_capped": greedy["batches_capped"],
            "parse_failures": greedy["checker"]["gold_unparseable"] + greedy["checker"]["errors"]}
-    examples = [{"where": p["where"], "gold": g, "greedy": r}
-                for p, g, r in zip(problems[:3], golds, greedy["responses"])]
+    # every problem's greedy response and verdict, for a reader to look at and a second grader to check
+    # (tools/check_eval.py)
+    per_problem = [{"where": p["where"], "gold": g, "greedy": r, "correct": v, "tokens": n}
+                   for p, g, r, v, n in zip(problems, golds, greedy["responses"], greedy["verdicts"], greedy["lengths"])]
     if args.k > 1:
         torch.manual_seed(args.seed)
-        with sample.autocast(args.device, args.bf16):
-            sampled = score(model, tokenizer, prompts, golds, k=args.k, temperature=args.temperature,
-                            max_new_tokens=args.max_new_tokens, batch_size=max(1, args.batch_size // args.k),
-                            desc=f"{name} {args.k} samples")
+        sampled = score(model, tokenizer, prompts, golds, k=args.k, temperature=args.temperature,
+                        max_new_tokens=args.max_new_tokens, batch_size=max(1, args.batch_size // args.k),
+                        desc=f"{name} {args.k} samples")
         row[f"avg@{args.k}"], row[f"pass@{args.k}"] = sampled["accuracy"], sampled[f"pass@{args.k}"]
         row["timeouts"] += sampled["checker"]["timeouts"]
         row["malformed"] += sampled["checker"]["malformed"]
         row["parse_failures"] += sampled["checker"]["gold_unparseable"] + sampled["checker"]["errors"]
     row["seconds"] = time.time() - t0
-    row["examples"] = examples
+    row["problems"] = per_problem
     row["loaded"] = loaded  # data.report's line: rows loaded, skipped (and why), fallbacks taken
     return row
 
@@ -200,7 +204,8 @@ def main(argv=None):
         except SystemExit as e:
             p.error(str(e))
     model, tokenizer, _ = models.load_model(args.model)
-    model.to(args.device).eval()
+    # --bf16: nothing trains here, so the weights themselves are held in bf16 (config.add_shared_flags)
+    model.to(args.device, dtype=torch.bfloat16 if args.bf16 else None).eval()
     if args.max_new_tokens is None:  # the tiny world's context (256) has no room for 3000
         args.max_new_tokens = 48 if (getattr(model.config, "max_position_embeddings", 0) or 10**9) <= 256 else 3000
     results = {}
@@ -208,7 +213,7 @@ def main(argv=None):
         results[name] = run_benchmark(model, tokenizer, name, args)
     counts = ("n", "rows_skipped", "timeouts", "malformed", "parse_failures", "prompts_cut", "batches_capped",
               "seconds")
-    rates = [c for c in results[names[0]] if c not in counts + ("examples", "loaded")]
+    rates = [c for c in results[names[0]] if c not in counts + ("problems", "loaded")]
     results["average"] = {c: sum(results[b][c] for b in names) / len(names) for c in rates}  # unweighted
     results["average"].update({c: sum(results[b][c] for b in names) for c in counts})  # totals
     print(table(results, args.k))

