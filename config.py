@@ -8,7 +8,7 @@ import torch
 
 import data
 import methods
-from infra import models
+from infra import lora, models
 
 
 def parser() -> argparse.ArgumentParser:
@@ -105,9 +105,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
     # hardware
     p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward (GPU memory)")
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="train LoRA adapters of this rank instead of every weight (0: full-parameter; infra/lora.py, "
+                        "needs requirements/lora.txt); with --bf16 the frozen base is held in bf16")
+    p.add_argument("--lora-alpha", type=float, default=None, help="LoRA's alpha: adapters scaled by alpha / rank "
+                                                                  "(default 4 x rank, as Tina's 128 at rank 32)")
+    p.add_argument("--lora-targets", default=",".join(lora.TARGETS),
+                   help="the projections that take adapters, comma-separated module names")
     p.add_argument("--dry-run", action="store_true", help="print the memory plan for these settings and exit "
                                                           "(reads only the model's config.json)")
-    p.add_argument("--gpu-memory", type=float, default=80, help="GiB to plan against when no GPU is visible")
+    p.add_argument("--memory", "--gpu-memory", type=float, default=None,
+                   help="GiB the --dry-run plan is held against (default: the GPU's when --device is one, else this "
+                        "machine's memory)")
     return p
 
 
@@ -149,6 +158,8 @@ def parse_args(argv=None):
         args.overlong_buffer = max(1, args.max_new_tokens // 6)
     args.eval_dataset = args.eval_dataset or ds.held_out
     args.run_dir = args.run_dir or os.path.join("runs", f"{args.method}-seed{args.seed}")
+    if args.lora_alpha is None:
+        args.lora_alpha = 4.0 * args.lora_rank
     check_args(p, args)
     return args
 
@@ -159,7 +170,7 @@ def check_args(p, args):
     check_shared(p, args)
     at_least = {"steps": 1, "prompts_per_step": 1, "max_new_tokens": 1, "micro_batch_size": 1, "mu": 1,
                 "eval_every": 1, "save_every": 1, "eval_limit": 1, "eval_batch_size": 1, "max_sampling_rounds": 1,
-                "gen_batch_size": 0, "problem_pool": 0, "warmup_steps": 0, "oar_chunk": 1}
+                "gen_batch_size": 0, "problem_pool": 0, "warmup_steps": 0, "oar_chunk": 1, "lora_rank": 0}
     for name, low in at_least.items():
         value = getattr(args, name)
         if value is not None and value < low:
@@ -167,7 +178,7 @@ def check_args(p, args):
     if args.group_size < 2:  # G1 divides by the group's standard deviation, which needs two rollouts
         p.error(f"--group-size {args.group_size}: must be at least 2 (G1 compares rollouts within a group)")
     positive = {"lr": args.lr, "temperature": args.temperature, "grad_clip": args.grad_clip,
-                "oar_sigma": args.oar_sigma, "ktae_top": args.ktae_top, "gpu_memory": args.gpu_memory}
+                "oar_sigma": args.oar_sigma, "ktae_top": args.ktae_top}
     for name, value in positive.items():
         if not value > 0:  # also catches nan
             p.error(f"--{name.replace('_', '-')} {value}: must be greater than 0")
@@ -190,5 +201,11 @@ def check_args(p, args):
                 f"{args.max_new_tokens}")
     if args.max_minutes is not None and not args.max_minutes >= 0:
         p.error(f"--max-minutes {args.max_minutes}: must be at least 0")
+    if args.lora_rank and not args.lora_alpha > 0:
+        p.error(f"--lora-alpha {args.lora_alpha}: must be greater than 0")
+    if args.lora_rank:
+        lora.peft()  # installed, or one line saying how
+    if args.memory is not None and not args.memory > 0:
+        p.error(f"--memory {args.memory}: must be greater than 0")
     if args.resume and args.overwrite:
         p.error("--resume and --overwrite: choose one (continue the run, or delete it and start over)")

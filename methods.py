@@ -90,12 +90,12 @@ def key_tokens(batch, rewards, mask, ctx) -> TokenAdvantages:
 
 def outcome_grounded(scorer: str):
     """OAR: O1-O5 weigh each reasoning token by how much it moves the answer distribution; O6 scales A_i by it.
-    scorer: "perturb" (OAR-P, O2) or "gradient" (OAR-G, O3)."""
+    scorer: "perturb" (OAR-P, O2) or "gradient" (OAR-G, O3). Scored in float32 whatever --bf16 says."""
     def rule(batch, rewards, mask, ctx) -> TokenAdvantages:
         a, seq = ctx.args, sequence_advantages(rewards, ctx)  # [N]
         enc = lambda s: ctx.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
         answers = [enc(q["answer"] + "}") for q in ctx.problems for _ in range(a.group_size)]  # O1's teacher forcing
-        with sample.autocast(a.device, a.bf16):
+        with sample.float32(ctx.model):  # under bf16's rounding OAR's scores are mostly noise (tests/test_lora.py)
             weights = oar.batch_weights(ctx.model, batch, answers, enc(a.oar_cue), seq, ctx.tokenizer, ctx.pieces,
                                         scorer=scorer, probe=a.oar_probe, q=a.oar_q, beta=a.oar_beta,
                                         sigma=a.oar_sigma, chunk=a.oar_chunk)  # [N, T]
@@ -134,7 +134,9 @@ class Rule:
     blame: Callable = _alike  # (TokenAdvantages, batch) -> [N, T], higher = more to blame for a wrong answer
     # What a rule reads beyond ids, masks and rewards; trl_grpo.py, whose sampler keeps neither, acts on it:
     reads_scores: bool = True  # batch["logprobs"] / batch["entropy"] of the sampled tokens (TRL: an extra forward)
-    per_rollout: bool = False  # each rollout scored alone with the policy (OAR): TRL splits it across processes
+    # How the rule runs the policy itself, each rollout alone (OAR): "forward" (OAR-P) or "backward" (OAR-G, to the
+    # embeddings); None when it does not. TRL splits that work across processes; the memory plan counts it.
+    scoring: str = None
 
 
 def _ktae_check(args):
@@ -157,11 +159,12 @@ RULES = {
     "ktae": Rule(key_tokens, check=_ktae_check, reads_scores=False,
                  heatmap=lambda batch, mask, args: HeatMap("ktae", "key-token values", 0.0, 1.0),
                  blame=lambda adv, batch: -adv.values),
-    "oar-p": Rule(outcome_grounded("perturb"), defaults=_oar_defaults("last"), reads_scores=False, per_rollout=True,
+    "oar-p": Rule(outcome_grounded("perturb"), defaults=_oar_defaults("last"), reads_scores=False, scoring="forward",
                   heatmap=lambda batch, mask, args: HeatMap("oar", "OAR weights", 1.0, args.oar_beta),
                   blame=lambda adv, batch: adv.values),
     "oar-g": Rule(outcome_grounded("gradient"), defaults=_oar_defaults("answer_mean"), reads_scores=False,
-                  per_rollout=True, heatmap=lambda batch, mask, args: HeatMap("oar", "OAR weights", 1.0, args.oar_beta),
+                  scoring="backward", heatmap=lambda batch, mask, args: HeatMap("oar", "OAR weights", 1.0,
+                                                                                args.oar_beta),
                   blame=lambda adv, batch: adv.values),
     "entropy": Rule(high_entropy, blame=lambda adv, batch: adv.values,
                     heatmap=lambda batch, mask, args: HeatMap("entropy", "sampling entropy", entropy.entropy_threshold(

@@ -34,15 +34,49 @@ Layout of what it returns (N = number of prompts * n, P = longest prompt, T = lo
 The response mask is built from where EOS was sampled, not from `ids != pad`: with pad == eos (Qwen2.5 base,
 the tiny world) the latter would drop the real EOS from the loss, and the model would never learn to stop.
 """
+from contextlib import contextmanager
+
 import torch
 
 from infra import fastpath
 
 
 def autocast(device: str, bf16: bool):
-    """What --bf16 means for weights that train (train.py, OAR's scoring with them): bf16 autocast on the
-    device's type, matrix products in bf16 and the weights as they are; a no-op context when bf16 is False."""
+    """What --bf16 means where weights train (train.py's sampling, scoring and training forwards): bf16 autocast on
+    the device's type, matrix products in bf16 and the weights as they are; a no-op context when bf16 is False."""
     return torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16)
+
+
+class _Float32Linear(torch.autograd.Function):
+    """x W^T + b with W held in bf16, computed in float32: W is upcast for the product (exact: every bf16 value is a
+    float32 value), and only the bf16 W is kept for the backward, so no float32 copy of the weights outlives a
+    layer. The weight takes no gradient (it is frozen: LoRA's base)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(weight)
+        return torch.nn.functional.linear(x, weight.float(), None if bias is None else bias.float())
+
+    @staticmethod
+    def backward(ctx, grad):
+        (weight,) = ctx.saved_tensors
+        return grad @ weight.float(), None, None
+
+
+@contextmanager
+def float32(model):
+    """Everything in float32, whatever --bf16 says: autocast off, and each linear layer whose weight is held in bf16
+    (LoRA's frozen base under --bf16) computing in float32 from it. For what bf16's rounding would drown: OAR's
+    scores are small differences of the answer distribution (methods.outcome_grounded)."""
+    held = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.bfloat16]
+    for m in held:
+        m.forward = lambda x, m=m: _Float32Linear.apply(x.float(), m.weight, m.bias)
+    try:
+        with torch.autocast(next(model.parameters()).device.type, enabled=False):
+            yield
+    finally:
+        for m in held:
+            del m.forward
 
 
 def left_pad(prompts: list, pad_id: int):

@@ -17,6 +17,7 @@ import os
 import random
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -31,15 +32,14 @@ import methods
 import oar
 import reward
 import sample
-from infra import checkpoint, logbook, memory, models
+from infra import checkpoint, logbook, lora, memory, models
 
 
 def main(argv=None):
     args = config.parse_args(argv)
     if args.dry_run:  # the plan needs the model's config alone: no data, no weights
-        gpu = (torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available()
-               else int(args.gpu_memory * memory.GiB))
-        return memory.dry_run(models.load_config(args.model), args, gpu, data.dataset(args.dataset).prompt_tokens)
+        return memory.dry_run(models.load_config(args.model), args, memory.available_bytes(args.device, args.memory),
+                              data.dataset(args.dataset).prompt_tokens, methods.RULES[args.rule].scoring)
     # what can fail without loading anything fails now, in one line, and leaves no run directory behind: the datasets
     # are found (not yet read), the model's files looked at, the run directory checked
     data.locate(args.dataset, data.train_split(args.dataset), args.data_dir, "--dataset")
@@ -47,10 +47,26 @@ def main(argv=None):
     models.check_path(args.model)
     checkpoint.check(args.run_dir, args, args.resume, args.overwrite)
     run = start(args, checkpoint.find(args.run_dir) if args.resume else None)
+    try:
+        loop(run)
+    except Exception as e:  # an allocation that failed: one line naming the phase, and logged; nothing is lost
+        if not memory.out_of_memory(e):
+            raise
+        phase = memory.Peaks.PHASES[run.peaks.current]
+        run.log({"step": run.step + 1, "out_of_memory": phase, **run.peaks.record()})
+        sys.exit(f"out of memory during the {phase} of step {run.step + 1} ({str(e).splitlines()[0][:100]}); "
+                 f"`--dry-run` plans each phase and names the flags that bring it down; the last checkpoint is kept")
+    return finish(run)
+
+
+def loop(run):
+    """The RL loop, from the step the run is at to --steps (or --max-minutes)."""
+    args = run.args
     B, G, rule = args.prompts_per_step, args.group_size, methods.RULES[args.rule]
     bar = tqdm(range(run.step, args.steps), initial=run.step, total=args.steps, desc=args.method)
     for step in bar:
         t_step = time.time()
+        run.peaks.start()  # each phase's peak memory, logged: what --dry-run's plan is checked against
         # ---- 1. sample B prompts x G rollouts, with log pi_old of every sampled token --------------------------
         checker = reward.new_stats()  # the grader's counts (answers without a box, timeouts), logged below
         draw = lambda: sample_round(run, checker)  # noqa: E731  B fresh problems, G rollouts each, graded
@@ -76,6 +92,7 @@ def main(argv=None):
             continue
         qs, batch = got["problems"], got["batch"]
         t_sample = time.time() - t_step
+        run.peaks.end("sampling")
 
         # ---- 2. reward: the last \boxed{} against the gold answer; DAPO: +-1 and the D4 length penalty -----------
         rewards, mask = rewards_and_mask(args, batch, len(qs))  # [Bk, G], [N, T]
@@ -84,20 +101,20 @@ def main(argv=None):
         t0 = time.time()
         adv = rule.advantages(batch, rewards, mask, methods.Context(args, run.model, run.tokenizer, qs, run.pieces))
         t_advantage = time.time() - t0
-        ref_logp = reference_logprobs(args, run.ref_model, batch)  # [N, T] G4's reference (beta > 0), else None
+        ref_logp = reference_logprobs(args, run, batch)  # [N, T] G4's reference (beta > 0), else None
+        run.peaks.end("advantage")
 
         # ---- 4-5. loss and optimizer step ---------------------------------------------------------------------
         t0 = time.time()
-        stats = update(args, run.model, run.optimizer, batch, adv.tokens, mask, ref_logp, step)
+        stats = update(args, run.model, run.optimizer, batch, adv.tokens, mask, ref_logp, step, run.peaks)
         run.scheduler.step()
         t_train = time.time() - t0
 
         # ---- 6. log (infra/logbook.py) -------------------------------------------------------------------------
         times = {"time_sample": t_sample, "time_train": t_train, "time_step": time.time() - t_step,
                  "time_advantage": t_advantage}
-        peak = memory.peak_memory_bytes(args.device, run.rss_at_start) / memory.GiB
         record = logbook.step_record(step + 1, batch, rewards, mask, adv, checker, got, stats, times,
-                                     lr=run.scheduler.get_last_lr()[0], peak_memory_gib=peak,
+                                     lr=run.scheduler.get_last_lr()[0], peaks=run.peaks.record(),
                                      concentration=oar.advantage_concentration(adv.tokens, mask, adv.seq))  # O7
         world = run.problems.dataset.world
         if world is not None:  # a synthetic task: we know where each wrong rollout first went wrong
@@ -114,7 +131,6 @@ def main(argv=None):
                 rule.heatmap(batch, mask, args), run.tokenizer, qs, batch, mask, rewards, adv)
         if finish_step(run, step + 1, heatmap):
             break
-    return finish(run)
 
 
 @dataclass
@@ -123,11 +139,12 @@ class Run:
     args: object
     model: torch.nn.Module
     tokenizer: object
-    ref_model: torch.nn.Module  # G4's frozen reference, None when beta = 0
+    ref_model: torch.nn.Module  # G4's frozen reference, None when beta = 0 or under LoRA (the base is the reference)
     optimizer: torch.optim.Optimizer
     scheduler: object
     problem_rng: random.Random  # draws the training problems
     problems: data.Problems  # where training problems come from, and the held-out ones
+    adapters: object = None  # --lora-rank: the peft model whose adapters `model` holds (infra/lora.py)
     step: int = 0  # steps done
     buffer: tuple = ([], [])  # D2's mixed groups left over for the next step: (problems, batches)
     pieces: dict = field(default_factory=dict)  # token id -> its decoded text, for OAR's spans
@@ -135,7 +152,7 @@ class Run:
     first_accuracy: float = None
     watch: logbook.Watch = field(default_factory=logbook.Watch)  # the degenerate-run warnings given so far
     lock: object = None
-    rss_at_start: int = 0
+    peaks: memory.Peaks = None  # the peak memory of each phase of the step
     t_start: float = 0.0
 
     def log(self, record: dict):
@@ -151,24 +168,31 @@ def start(args, ckpt) -> Run:
     torch.manual_seed(args.seed)
     problem_rng = random.Random(args.seed)
     world = data.dataset(args.dataset).world  # --model tiny: this task's warm-started model
-    model, tokenizer, _ = models.load_model(ckpt or args.model, world=world)
+    state = checkpoint.load_state(ckpt) if ckpt else None
+    # a LoRA run resumes from the base (--model) and its adapters in state.pt; a full-parameter one from the checkpoint
+    model, tokenizer, _ = models.load_model(ckpt if ckpt and not args.lora_rank else args.model, world=world)
+    adapters = None
+    if args.lora_rank:  # adapters on the projections, every other weight frozen (infra/lora.py)
+        adapters = lora.wrap(model, args.lora_rank, args.lora_alpha, args.lora_targets.split(","), bf16_base=args.bf16)
+        if state:
+            model.load_state_dict(state["adapter"], strict=False)
     if ckpt:
         checkpoint.check_finite(model, ckpt)
     model.to(args.device)
     if args.grad_checkpointing:
         model.activation_checkpointing_enable()
     ref_model = None
-    if args.beta > 0:
+    if args.beta > 0 and adapters is None:
         ref_model, _, _ = models.load_model(args.model, world=world)
         ref_model.eval().requires_grad_(False)
         ref_model.to("cpu" if args.ref_on_cpu else args.device, dtype=torch.bfloat16 if args.bf16 else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(lora.trainable(model).values(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(args.warmup_steps, 1)))
     problems = data.run_problems(args.dataset, args.eval_dataset, tokenizer, data_dir=args.data_dir,
                                  eval_limit=args.eval_limit, pool_size=args.problem_pool, seed=args.seed)
-    run = Run(args, model, tokenizer, ref_model, optimizer, scheduler, problem_rng, problems, rss_at_start=rss_at_start)
+    run = Run(args, model, tokenizer, ref_model, optimizer, scheduler, problem_rng, problems, adapters=adapters,
+              peaks=memory.Peaks(args.device, rss_at_start))
     if ckpt:
-        state = checkpoint.load_state(ckpt)
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["torch_rng"])
         problem_rng.setstate(state["problem_rng"])
@@ -227,25 +251,28 @@ def rewards_and_mask(args, batch: dict, n_groups: int):
     return rewards, mask
 
 
-def reference_logprobs(args, ref_model, batch: dict):
-    """G4's log pi_ref of every sampled token [N, T], micro-batched like the training forward; None if beta = 0."""
-    if ref_model is None:
+def reference_logprobs(args, run: Run, batch: dict):
+    """G4's log pi_ref of every sampled token [N, T], micro-batched like the training forward; None if beta = 0.
+    Under LoRA the reference is the frozen base: the policy with its adapters switched off."""
+    if args.beta == 0:
         return None
+    ref_model, off = (run.model, run.adapters.disable_adapter) if run.adapters else (run.ref_model, nullcontext)
     ids, attn, P, mb = batch["input_ids"], batch["attention_mask"], batch["prompt_len"], args.micro_batch_size
     ref_model.to(args.device)
-    with torch.no_grad(), sample.autocast(args.device, args.bf16):
+    with torch.no_grad(), sample.autocast(args.device, args.bf16), off():
         ref_logp = torch.cat([sample.token_logprobs(
             ref_model, ids[s:s + mb], attn[s:s + mb], P, args.temperature,
             groups=torch.arange(s, min(s + mb, ids.shape[0]), device=ids.device) // args.group_size)
             for s in range(0, ids.shape[0], mb)])  # [N, T]
-    if args.ref_on_cpu:
+    if args.ref_on_cpu and not run.adapters:
         ref_model.to("cpu")
     return ref_logp
 
 
-def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int) -> dict:
+def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, peaks: memory.Peaks) -> dict:
     """G2-G5: --mu optimizer updates on the batch, each accumulated over micro-batches. Returns the loss's
-    statistics (means over the updates), the last gradient norm and how many updates were skipped as not finite."""
+    statistics (means over the updates), the last gradient norm and how many updates were skipped as not finite.
+    peaks: the training pass's and the optimizer step's peak memory are read at their ends."""
     ids, attn, P, G, N = batch["input_ids"], batch["attention_mask"], batch["prompt_len"], args.group_size, len(adv)
     model.train()
     n_tokens = mask.sum()
@@ -283,6 +310,7 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int) 
             loss_sum += loss.detach()
             for k, v in st.items():
                 stats[k] = stats.get(k, 0.0) + v / args.mu
+        peaks.end("training")
         stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
         if math.isfinite(stats["grad_norm"]) and torch.isfinite(loss_sum):
             optimizer.step()
@@ -290,6 +318,7 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int) 
             stats["nonfinite_updates"] += 1
             tqdm.write(f"step {step + 1}: the loss or the gradient is not finite; this update is skipped")
         optimizer.zero_grad(set_to_none=True)  # free the gradients before the next sampling
+        peaks.end("optimizer")
     return stats
 
 
@@ -305,7 +334,7 @@ def run_eval(run: Run, step: int) -> float:
 
 def finish_step(run: Run, done: int, heatmap=None) -> bool:
     """7. evaluate and 8. save when due, and at the end or when out of time. True when the run should stop."""
-    args = run.args
+    args, run.step = run.args, done
     out_of_time = args.max_minutes is not None and time.time() - run.t_start > 60 * args.max_minutes
     last_step = done == args.steps or out_of_time
     if done % args.eval_every == 0 or last_step:
@@ -313,11 +342,15 @@ def finish_step(run: Run, done: int, heatmap=None) -> bool:
         if heatmap is not None:
             heatmap(done)
     if done % args.save_every == 0 or last_step:
-        # the HF model directory and state.pt: optimizer, scheduler, RNG states and D2's buffer
-        checkpoint.save(args.run_dir, run.model, run.tokenizer, {
-            "step": done, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-            "torch_rng": torch.get_rng_state(), "problem_rng": run.problem_rng.getstate(), "args": vars(args),
-            "surplus_qs": run.buffer[0], "surplus": run.buffer[1]})
+        # the HF model directory and state.pt: optimizer, scheduler, RNG states, D2's buffer (and LoRA's adapters)
+        state = {"step": done, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+                 "torch_rng": torch.get_rng_state(), "problem_rng": run.problem_rng.getstate(), "args": vars(args),
+                 "surplus_qs": run.buffer[0], "surplus": run.buffer[1]}
+        write = None
+        if run.adapters:  # the adapters merged into an ordinary model, and beside it (infra/lora.py)
+            state["adapter"] = {n: p.detach().cpu().clone() for n, p in lora.trainable(run.model).items()}
+            write = lambda path: lora.save(path, run.adapters, run.tokenizer)  # noqa: E731
+        checkpoint.save(args.run_dir, run.model, run.tokenizer, state, write=write)
     if out_of_time:
         tqdm.write(f"--max-minutes {args.max_minutes} reached after {done} steps")
     return out_of_time

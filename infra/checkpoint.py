@@ -26,7 +26,8 @@ CHECKPOINT, PREVIOUS, TMP = "checkpoint", "checkpoint.prev", "checkpoint.tmp"
 MANIFEST = "manifest.json"
 # Settings whose change would make a resumed run a different experiment. Others (--steps, --eval-every,
 # --threads, --max-minutes, ...) may change on resume: extending a run is what --resume is for.
-SAME_ON_RESUME = ["method", "model", "dataset", "group_size", "prompts_per_step", "max_new_tokens", "seed"]
+SAME_ON_RESUME = ["method", "model", "dataset", "group_size", "prompts_per_step", "max_new_tokens", "seed",
+                  "lora_rank"]
 
 
 def fail(message: str):
@@ -149,18 +150,22 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def save(run_dir: str, model, tokenizer, state: dict):
-    """Write RUN_DIR/checkpoint: the model and tokenizer (an HF directory), state.pt, then manifest.json.
+def save(run_dir: str, model, tokenizer, state: dict, write=None):
+    """Write RUN_DIR/checkpoint: the model and tokenizer (an HF directory), state.pt, then manifest.json. write:
+    write(path) writes the model files instead (LoRA: the merged model and the adapter, infra/lora.py).
 
     The order makes every kill safe: the new checkpoint is complete in checkpoint.tmp (manifest last) before the
     old one moves aside to checkpoint.prev, and checkpoint.prev goes only once checkpoint is in place. Whatever
     the moment of a kill, `checkpoint` or `checkpoint.prev` is complete, and find() takes the newer of them."""
     final, prev, tmp = (os.path.join(run_dir, n) for n in (CHECKPOINT, PREVIOUS, TMP))
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    if write is None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    else:
+        write(tmp)
     torch.save(state, os.path.join(tmp, "state.pt"))
-    files = sorted(n for n in os.listdir(tmp) if os.path.isfile(os.path.join(tmp, n)))
+    files = sorted(os.path.relpath(os.path.join(d, n), tmp) for d, _, names in os.walk(tmp) for n in names)
     manifest = {"step": state["step"],
                 "files": {n: {"bytes": os.path.getsize(os.path.join(tmp, n)), "sha256": _sha256(os.path.join(tmp, n))}
                           for n in files}}

@@ -13,11 +13,12 @@ from toyworld import credit
 
 
 def step_record(step: int, batch: dict, rewards, mask, adv, checker: dict, got: dict, stats: dict, times: dict,
-                lr: float, peak_memory_gib: float, concentration: dict) -> dict:
+                lr: float, peaks: dict, concentration: dict) -> dict:
     """The step's line of metrics.jsonl. batch: the step's rollouts (sample.generate's layout, with "correct");
     rewards [B, G]; mask [N, T] the scored tokens; adv the rule's TokenAdvantages; checker the grader's counts
     (reward.new_stats); got what dapo.fill_batch (or one plain round) returned; stats the loss's (train.update);
-    times the step's stages in seconds; concentration O7's ESS-ratio and top-10 % mass (oar.py)."""
+    times the step's stages in seconds; peaks the peak memory (memory.Peaks.record: the run's, each phase's);
+    concentration O7's ESS-ratio and top-10 % mass (oar.py)."""
     correct = batch["correct"]  # [N]
     record = {
         "step": step,
@@ -42,7 +43,7 @@ def step_record(step: int, batch: dict, rewards, mask, adv, checker: dict, got: 
         "time_sample": times["time_sample"],
         "time_train": times["time_train"],
         "time_step": times["time_step"],  # sample + reward + advantage + loss + optimizer step
-        "peak_memory_gib": peak_memory_gib,
+        **peaks,
         "time_advantage": times["time_advantage"],  # G1, and KTAE's K1-K7 or OAR's scoring (O1-O5)
         **{k: v for k, v in stats.items() if k not in ("grad_norm", "nonfinite_updates")},
         **concentration,  # O7: ESS-ratio, top-10 % mass

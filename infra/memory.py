@@ -1,9 +1,11 @@
-"""Memory: what a run's settings need at their peak (the --dry-run plan, from a model's config.json alone) and
-what a run used (logged as peak_memory_gib). Apart from models.py, which only loads models."""
+"""Memory: what a run's settings need at their peak, phase by phase (the --dry-run plan, from a model's config.json
+alone), and what a run used in each phase (Peaks, logged as peak_*_gib). Apart from models.py, which loads models."""
 import os
 import sys
 
 import torch
+
+from infra import lora
 
 GiB = 1024 ** 3
 
@@ -18,94 +20,211 @@ def rss_bytes() -> int:
 
 
 def peak_memory_bytes(device: str, rss_at_start: int = 0) -> int:
-    """Peak memory so far: on CUDA what torch allocated; on the CPU the process's peak resident memory above what
-    it held before the model was loaded (allocator slack included)."""
+    """Peak memory since the last reset_peak (or the start): on CUDA what torch allocated; on the CPU the process's
+    peak resident memory above what it held before the model was loaded (allocator slack included)."""
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated()
-    import resource
-    return max(0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_at_start)
+    try:
+        with open("/proc/self/status") as f:  # VmHWM: the resident set's high-water mark, which reset_peak resets
+            peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        import resource
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return max(0, peak - rss_at_start)
 
 
-def n_params(cfg) -> int:
-    """Parameters of a Qwen2/Llama-style decoder from its config: embeddings (and the output layer when untied),
-    per layer q/k/v/o projections (q, k, v with bias in Qwen2), the SwiGLU MLP and two RMSNorms, a final norm."""
+def reset_peak(device: str):
+    """Start a new peak: torch's counter on CUDA; on Linux the resident set's high-water mark (clear_refs 5). Where
+    that cannot be done, the next peak is the peak so far."""
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+class Peaks:
+    """The peak memory of each phase of an RL step, by the plan's names (memory_plan): sampling, the advantage (OAR
+    scores with the policy; the reference's log-probs), the training forward and backward, the optimizer step.
+    Each phase's peak is read at its end and the counter reset, so that every figure is its own phase's (a phase
+    that runs twice, as with --mu 2, keeps its larger figure); `run` is the largest of all so far."""
+    PHASES = {"sampling": "sampling", "advantage": "advantage", "training": "training forward and backward",
+              "optimizer": "optimizer step"}
+
+    def __init__(self, device: str, rss_at_start: int):
+        self.device, self.base, self.step, self.run, self.current = device, rss_at_start, {}, 0, None
+
+    def start(self):
+        """A new step: its phases' figures start empty."""
+        self.step, self.current = {}, next(iter(self.PHASES))
+        reset_peak(self.device)
+
+    def end(self, phase: str):
+        peak = peak_memory_bytes(self.device, self.base)
+        self.step[phase] = max(self.step.get(phase, 0), peak)
+        self.run = max(self.run, peak)
+        names = list(self.PHASES)
+        self.current = names[(names.index(phase) + 1) % len(names)]  # the phase in progress, for out_of_memory
+        reset_peak(self.device)
+
+    def record(self) -> dict:
+        """The step's figures for metrics.jsonl, in GiB: peak_memory_gib (the run's so far) and peak_PHASE_gib."""
+        return {"peak_memory_gib": self.run / GiB, **{f"peak_{k}_gib": v / GiB for k, v in self.step.items()}}
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether an exception is an allocation that failed: CUDA's OutOfMemoryError, or the CPU allocator's
+    RuntimeError (torch raises no subclass of its own there)."""
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
+
+
+def parameters(cfg, lora_rank: int = 0, lora_targets=lora.TARGETS) -> dict:
+    """A Qwen2/Llama-style decoder's parameters from its config, by kind: the layers' projections (q, k, v, o and
+    the SwiGLU MLP's gate, up, down), their biases (q, k, v in Qwen2), the norms (two a layer and a final one), the
+    embeddings, the output layer (0 when tied to the embeddings), and the LoRA adapters of rank lora_rank on the
+    projections named in lora_targets (r x (in + out) each)."""
     H, I, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers
     hd = getattr(cfg, "head_dim", None) or H // cfg.num_attention_heads
     q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    shapes = {"q_proj": (H, q), "k_proj": (H, kv), "v_proj": (H, kv), "o_proj": (q, H),
+              "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}  # (in, out)
     bias = getattr(cfg, "attention_bias", cfg.model_type == "qwen2")
-    attn = H * q + 2 * H * kv + q * H + (q + 2 * kv if bias else 0)
-    layer = attn + 3 * H * I + 2 * H
-    return V * H * (1 if cfg.tie_word_embeddings else 2) + L * layer + H
+    return {"projections": L * sum(i * o for i, o in shapes.values()), "biases": L * (q + 2 * kv) if bias else 0,
+            "norms": L * 2 * H + H, "embeddings": V * H, "output layer": 0 if cfg.tie_word_embeddings else V * H,
+            "adapters": L * sum(lora_rank * (i + o) for name, (i, o) in shapes.items() if name in lora_targets)}
+
+
+def n_params(cfg) -> int:
+    """The model's parameters (adapters aside)."""
+    return sum(v for k, v in parameters(cfg).items() if k != "adapters")
 
 
 def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_new_tokens: int, micro_batch: int,
-                bf16: bool, grad_checkpointing: bool, beta: float, ref_on_cpu: bool, chunk_tokens: int = 2048):
-    """Bytes the RL step needs at its peak, phase by phase, as train.py runs it. Returns {phase: {item: bytes}}.
+                bf16: bool, grad_checkpointing: bool, beta: float, ref_on_cpu: bool, group_size: int = 1,
+                lora_rank: int = 0, lora_targets=lora.TARGETS, oar_chunk: int = 0, oar_gradient: bool = False,
+                chunk_tokens: int = 2048):
+    """Bytes the RL step needs at its peak, phase by phase, as train.py runs it (memory.Peaks measures the same
+    phases). Returns {phase: {item: bytes}}.
 
-    Weights, gradients and AdamW's two states are float32 (4 + 4 + 8 bytes per parameter; --bf16 is autocast,
-    which also holds a bf16 copy of the weights while a region lasts). Gradients are freed right after the
-    optimizer step, so sampling does not hold them. foreach AdamW makes one float32 temporary the size of the
-    parameters (sqrt of the second moment).
+    What trains (every weight, or LoRA's adapters) is float32 with its gradient and AdamW's two moments (4 + 4 + 8
+    bytes a parameter); AdamW's moments exist from the first optimizer step on, and the plan is of the steps after.
+    Gradients are freed right after the optimizer step, so sampling does not hold them; foreach AdamW makes one
+    float32 temporary the size of what trains. Full-parameter --bf16 is autocast, which holds a bf16 copy of the
+    weights while a region lasts. Under LoRA the frozen base takes no gradient and no moment: with --bf16 its
+    linear layers are held in bf16 (infra/lora.py), the embeddings and norms float32; a tied output layer, being
+    the embeddings, is cast to bf16 for each product (a transient copy). Under LoRA the reference (beta > 0) is the
+    base itself.
     Sampling: the KV cache of `gen_rollouts` rows of prompt + response tokens (2 x layers x KV heads x head dim
     each), and a few [rows, vocabulary] float32 buffers for the next-token distribution.
+    Advantage (OAR only: oar_chunk rollouts a scoring forward): OAR scores in float32; OAR-G (oar_gradient) keeps
+    the activations of each chunk for its backward to the embeddings, OAR-P none (no gradient).
     Training forward of `micro_batch` rows: the activations autograd keeps, per token and layer about
-    10 H + 2 kv + 4 I values (norm inputs, q/k/v, attention output, the MLP's gate, up, SiLU and product);
-    with gradient checkpointing only each layer's input H is kept, plus one layer's full set while it is
-    recomputed. The output layer runs `chunk_tokens` tokens at a time (sample.token_logprobs): logits, softmax
-    and their gradient in float32.
+    10 H + 2 kv + 4 I values (norm inputs, q/k/v, attention output, the MLP's gate, up, SiLU and product), a
+    group's prompt once (sample.token_logprobs shares it); with gradient checkpointing only each layer's input H is
+    kept, plus one layer's full set while it is recomputed. The output layer runs `chunk_tokens` tokens at a time:
+    logits, softmax and their gradient in float32.
     """
-    N = n_params(cfg)
+    n = parameters(cfg, lora_rank, lora_targets)
+    N = sum(v for k, v in n.items() if k != "adapters")
     H, I, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers
     hd = getattr(cfg, "head_dim", None) or H // cfg.num_attention_heads
     kv = cfg.num_key_value_heads * hd
     act = 2 if bf16 else 4  # bytes of an activation
-    tokens = micro_batch * (prompt_len + max_new_tokens)
     per_layer = 10 * H + 2 * kv + 4 * I  # values kept per token and layer
-    states = {"weights (float32)": 4 * N, "AdamW moments (float32)": 8 * N}
-    if bf16:
-        states["bf16 copy of the weights (autocast)"] = 2 * N
-    if beta > 0 and not ref_on_cpu:
+    trains = n["adapters"] if lora_rank else N
+    if lora_rank and bf16:
+        weights = {"frozen linear layers (bf16)": 2 * (n["projections"] + n["biases"] + n["output layer"]),
+                   "embeddings and norms (float32)": 4 * (n["embeddings"] + n["norms"]),
+                   "adapters (float32)": 4 * n["adapters"]}
+    else:
+        weights = {"weights (float32)": 4 * N, **({"adapters (float32)": 4 * n["adapters"]} if lora_rank else {})}
+    states = {**weights, "AdamW moments (float32)": 8 * trains}
+    if beta > 0 and not ref_on_cpu and not lora_rank:
         states["reference model (bf16)" if bf16 else "reference model (float32)"] = (2 if bf16 else 4) * N
+    autocast = {}  # what --bf16's autocast adds while a region lasts
+    if bf16 and not lora_rank:
+        autocast["bf16 copy of the weights (autocast)"] = 2 * N
+    elif bf16 and cfg.tie_word_embeddings:
+        autocast["bf16 copy of the tied output layer (autocast)"] = 2 * V * H
     sampling = {
-        **states,
+        **states, **autocast,
         f"KV cache: {gen_rollouts} rows x {prompt_len + max_new_tokens} tokens":
             gen_rollouts * (prompt_len + max_new_tokens) * L * 2 * kv * act,
         "next-token distributions": 3 * gen_rollouts * V * 4,
     }
-    training = {
-        **states,
-        "gradients (float32)": 4 * N,
-        f"activations: {micro_batch} rows x {prompt_len + max_new_tokens} tokens"
+    plan = {"sampling": sampling}
+    if oar_chunk:  # a chunk's prompt is run once (no gradient); its reasoning, cue and answer take the passes
+        scored = oar_chunk * (max_new_tokens + 16)
+        plan["advantage"] = {
+            **states,
+            f"OAR's KV cache: {oar_chunk} rows x {prompt_len + max_new_tokens + 16} tokens":
+                oar_chunk * (prompt_len + max_new_tokens + 16) * L * 2 * kv * 4,
+            **({f"OAR-G's activations: {oar_chunk} rows x {max_new_tokens + 16} tokens (float32)":
+                scored * L * per_layer * 4} if oar_gradient else {}),
+            "OAR's output layer, a few columns a row": 3 * oar_chunk * 4 * V * 4,
+        }
+    micro_batch = min(micro_batch, rollouts)  # a micro-batch holds at most the step's rollouts
+    rows_prompts = min(micro_batch, max(1, rollouts // max(group_size, 1)))  # a micro-batch's distinct prompts
+    tokens = micro_batch * max_new_tokens + (micro_batch if grad_checkpointing else rows_prompts) * prompt_len
+    plan["training forward and backward"] = {
+        **states, **autocast,
+        "gradients (float32)": 4 * trains,
+        f"activations: {micro_batch} rows x {max_new_tokens} tokens, {prompt_len}-token prompts"
         + (" (checkpointed)" if grad_checkpointing else ""):
             tokens * act * (L * H + per_layer if grad_checkpointing else L * per_layer),
-        f"output layer, {chunk_tokens} tokens at a time": min(chunk_tokens, tokens) * V * (3 * 4 + act),
+        f"output layer, {chunk_tokens} tokens at a time": min(chunk_tokens, micro_batch * max_new_tokens) * V
+        * (3 * 4 + act),
     }
-    step = {k: v for k, v in states.items() if not k.startswith("bf16 copy")}  # outside any autocast region
-    step.update({"gradients (float32)": 4 * N, "AdamW temporary (float32)": 4 * N})
-    return {"sampling": sampling, "training forward and backward": training, "optimizer step": step}
+    plan["optimizer step"] = {**states, "gradients (float32)": 4 * trains, "AdamW temporary (float32)": 4 * trains}
+    return plan
 
 
-def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int):
+def plan_settings(args, prompt_len: int, scoring: str = None) -> dict:
+    """memory_plan's settings from train.py's flags; scoring: how the token rule runs the policy itself
+    (methods.Rule.scoring: "forward", "backward" or None)."""
+    return dict(rollouts=args.prompts_per_step * args.group_size,
+                gen_rollouts=(args.gen_batch_size or args.prompts_per_step) * args.group_size,
+                prompt_len=prompt_len, max_new_tokens=args.max_new_tokens, micro_batch=args.micro_batch_size,
+                bf16=args.bf16, grad_checkpointing=args.grad_checkpointing, beta=args.beta,
+                ref_on_cpu=args.ref_on_cpu, group_size=args.group_size, lora_rank=args.lora_rank,
+                lora_targets=args.lora_targets.split(","), oar_chunk=args.oar_chunk if scoring else 0,
+                oar_gradient=scoring == "backward")
+
+
+def available_bytes(device: str, asked_gib: float = None) -> int:
+    """What to plan against: the GiB asked for, else the GPU's memory when the device is one, else this machine's
+    physical memory."""
+    if asked_gib:
+        return int(asked_gib * GiB)
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int, scoring: str = None):
     """--dry-run: the plan for these settings, and if it does not fit, what each memory flag would bring it to.
-    prompt_tokens: the data's prompt length (data.Dataset.prompt_tokens), cut to what the positions leave."""
+    prompt_tokens: the data's prompt length (data.Dataset.prompt_tokens), cut to what the positions leave;
+    scoring: the rule's (methods.Rule.scoring)."""
     positions = getattr(cfg, "max_position_embeddings", None) or 1 << 30
     if args.max_new_tokens >= positions:
         sys.exit(f"--max-new-tokens {args.max_new_tokens}: the model has {positions} positions in all")
     prompt_len = min(prompt_tokens, positions - args.max_new_tokens)
-    settings = dict(rollouts=args.prompts_per_step * args.group_size,
-                    gen_rollouts=(args.gen_batch_size or args.prompts_per_step) * args.group_size,
-                    prompt_len=prompt_len, max_new_tokens=args.max_new_tokens, micro_batch=args.micro_batch_size,
-                    bf16=args.bf16, grad_checkpointing=args.grad_checkpointing, beta=args.beta,
-                    ref_on_cpu=args.ref_on_cpu)
+    settings = plan_settings(args, prompt_len, scoring)
+    n = parameters(cfg, args.lora_rank, settings["lora_targets"])
     print(f"memory plan: {n_params(cfg) / 1e9:.3f} B parameters, {cfg.num_hidden_layers} layers, vocabulary "
-          f"{cfg.vocab_size}; prompts taken as {prompt_len} tokens, responses as --max-new-tokens "
-          f"{args.max_new_tokens}")
+          f"{cfg.vocab_size}" + (f", LoRA rank {args.lora_rank} ({n['adapters'] / 1e6:.1f} M trained)"
+                                 if args.lora_rank else "")
+          + f"; prompts taken as {prompt_len} tokens, responses as --max-new-tokens {args.max_new_tokens}")
     peak = print_plan(memory_plan(cfg, **settings), gpu_bytes)
     if peak <= gpu_bytes:
         return peak
     print("flags that would bring it down (each alone, then all together):")
     options = [("--bf16", {"bf16": True}), ("--grad-checkpointing", {"grad_checkpointing": True}),
-               ("--ref-on-cpu", {"ref_on_cpu": True}),
+               ("--ref-on-cpu", {"ref_on_cpu": True}), ("--lora-rank 32", {"lora_rank": 32}),
                (f"--micro-batch-size {max(1, args.micro_batch_size // 4)}",
                 {"micro_batch": max(1, args.micro_batch_size // 4)}),
                (f"--gen-batch-size {max(1, (args.gen_batch_size or args.prompts_per_step) // 4)}",
@@ -113,7 +232,8 @@ def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int):
     peak_with = lambda change: max(sum(v.values()) for v in memory_plan(cfg, **{**settings, **change}).values())
     helpful, together = [], {}
     for flag, change in options:
-        if all(settings[k] == v for k, v in change.items()) or (flag == "--ref-on-cpu" and args.beta == 0):
+        if all(settings[k] == v for k, v in change.items()) or (flag == "--ref-on-cpu" and args.beta == 0) \
+                or (flag.startswith("--lora") and args.lora_rank):
             continue
         if peak_with(change) < peak:
             helpful.append(flag)

@@ -110,10 +110,10 @@ def our_batch(prompt_ids, prompt_mask, completion_ids, lengths, end_ids) -> dict
 
 def rule_advantages(rule: str, batch: dict, rewards, mask, ctx, rows: slice) -> methods.TokenAdvantages:
     """The rule on the gathered batch (groups of G consecutive rows; rewards [B, G], mask [N, T]), for `rows`.
-    A rule that scores each rollout alone (methods.Rule.per_rollout, OAR) runs on the groups that hold those rows
+    A rule that scores each rollout alone with the policy (methods.Rule.scoring, OAR) runs on the groups that hold those rows
     only; any other on the whole batch."""
     G = rewards.shape[1]
-    if not methods.RULES[rule].per_rollout:
+    if not methods.RULES[rule].scoring:
         adv = methods.RULES[rule].advantages(batch, rewards, mask, ctx)
         return methods.TokenAdvantages(*(None if x is None else x[rows] for x in adv))
     g0, g1 = rows.start // G, -(-rows.stop // G)  # the groups that hold rows start .. stop - 1

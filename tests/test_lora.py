@@ -1,0 +1,186 @@
+"""LoRA (infra/lora.py, --lora-rank): the adapters' gradients against finite differences, the merged checkpoint
+against the adapted model, resume bit for bit, the frozen weights untouched; and --bf16 against float32 within
+bf16's precision, on log-probs and on advantages."""
+import json
+import os
+import random
+
+import pytest
+import torch
+
+import grpo
+import methods
+import sample
+import train
+from conftest import THREADS, assert_close
+from infra import lora
+from toyworld import tiny
+
+pytest.importorskip("peft", reason="LoRA is optional: pip install -r requirements/lora.txt")
+SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--eval-limit", "8", "--eval-every", "1000",
+         "--lr", "1e-3", "--lora-rank", "4", "--threads", str(THREADS)]
+
+
+def prompts(tok, n=4, seed=0):
+    qs = tiny.train_problems(random.Random(seed), n, set(tiny.eval_problems()))
+    return [tok(tiny.prompt(q))["input_ids"] for q in qs]
+
+
+def read(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_adapter_gradients_equal_finite_differences(base, float64_exact):
+    # float64 throughout, so that a central difference with h = 1e-6 is good to about 1e-8 of the gradient
+    model, tok = base
+    model = tiny.build_model(tok).double()  # a fresh model: the fixture's stays as it is
+    model.load_state_dict({k: v.double() for k, v in base[0].state_dict().items()})
+    wrapped = lora.wrap(model, rank=2, alpha=4.0, targets=("q_proj", "down_proj"))
+    model.double()
+    torch.manual_seed(0)
+    for p in lora.trainable(model).values():  # B starts at 0, where A's gradient is 0: give both a value
+        p.data.normal_(0, 0.3)
+    batch = sample.generate(model, prompts(tok), n=2, max_new_tokens=12, temperature=1.0, eos_id=tok.eos_token_id,
+                            pad_id=tok.pad_token_id)
+    adv = torch.linspace(-1, 1, 8, dtype=torch.float64)[:, None] * batch["response_mask"]  # [8, T]
+
+    def loss():
+        logp = sample.token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["prompt_len"])
+        return grpo.policy_loss(logp, batch["logprobs"].double(), adv, batch["response_mask"])[0]
+
+    model.zero_grad()
+    loss().backward()
+    trainable = lora.trainable(model)
+    assert trainable and all("lora_" in n for n in trainable) and wrapped.get_base_model() is model
+    for name, p in list(trainable.items())[:4]:
+        for index in [(0, 0), (1, 1)]:
+            keep = p.data[index].item()
+            with torch.no_grad():
+                p.data[index] = keep + 1e-6
+                up = loss().item()
+                p.data[index] = keep - 1e-6
+                down = loss().item()
+                p.data[index] = keep
+            fd = (up - down) / 2e-6
+            assert abs(p.grad[index].item() - fd) <= 1e-6 * max(1.0, abs(fd)), (name, index, p.grad[index], fd)
+    frozen = [p for n, p in model.named_parameters() if "lora_" not in n]
+    assert frozen and all(p.grad is None for p in frozen)  # the base takes no gradient
+
+
+def adapted_model(run_dir):
+    """The tiny base with the adapters the checkpoint's state.pt holds, as train.py resumes it."""
+    model, tok, _ = tiny.load_or_build()
+    lora.wrap(model, rank=4, alpha=16.0)
+    state = torch.load(os.path.join(run_dir, "checkpoint", "state.pt"), weights_only=False)
+    missing, unexpected = model.load_state_dict(state["adapter"], strict=False)
+    assert not unexpected and all("lora_" not in k for k in missing)
+    return model.eval(), tok
+
+
+def test_the_merged_checkpoint_is_the_adapted_model_and_the_base_did_not_move(base, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    run_dir = tmp_path / "run"
+    train.main(["--method", "ktae", "--steps", "2", "--run-dir", str(run_dir), *SMALL])
+    adapted, tok = adapted_model(run_dir)
+    merged = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoint").eval()
+    ids = torch.tensor(prompts(tok, 1))
+    with torch.no_grad():
+        want = adapted(ids).logits
+        assert_close(merged(ids).logits, want, rel=1e-5, what="merged checkpoint vs adapted model")
+        fresh, _, _ = tiny.load_or_build()  # the adapter beside the checkpoint opens with peft itself
+        by_peft = PeftModel.from_pretrained(fresh, str(run_dir / "checkpoint" / lora.ADAPTER_DIR)).eval()
+        assert_close(by_peft(ids).logits, want, rel=1e-5, what="peft's adapter vs adapted model")
+    # the frozen weights did not move: what is not a projection is the base's, bit for bit; a projection is the
+    # base's plus the adapters' product
+    original = dict(base[0].named_parameters())
+    state = merged.state_dict()
+    moved = 0.0
+    for name, w in state.items():
+        if name not in original:
+            continue
+        if any(f".{t}." in name for t in lora.TARGETS) and name.endswith("weight"):
+            moved = max(moved, (w - original[name]).abs().max().item())
+        else:
+            assert torch.equal(w, original[name]), name
+    assert 0 < moved < 1e-1  # two steps at lr 1e-3 on the adapters
+
+
+def test_a_lora_run_resumes_bit_for_bit(base, tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    train.main(["--method", "oar-g", "--steps", "4", "--save-every", "2", "--run-dir", a, *SMALL])
+    train.main(["--method", "oar-g", "--steps", "2", "--save-every", "2", "--run-dir", b, *SMALL])
+    train.main(["--method", "oar-g", "--steps", "4", "--save-every", "2", "--run-dir", b, "--resume", *SMALL])
+    # every step's line equal, timing and memory aside (b also evaluated at its end, step 2)
+    strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith(("time", "peak"))}  # noqa: E731
+                        for r in rs if "accuracy" in r]
+    assert len(strip(read(f"{a}/metrics.jsonl"))) == 4
+    assert strip(read(f"{a}/metrics.jsonl")) == strip(read(f"{b}/metrics.jsonl"))
+    sa, sb = (torch.load(f"{d}/checkpoint/state.pt", weights_only=False)["adapter"] for d in (a, b))
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_lora_with_a_bf16_base_trains_its_float32_adapters(base, tmp_path):
+    run_dir = tmp_path / "run"
+    train.main(["--method", "grpo", "--steps", "1", "--bf16", "--run-dir", str(run_dir), *SMALL])
+    step = next(r for r in read(run_dir / "metrics.jsonl") if "accuracy" in r)
+    assert step["grad_norm"] > 0 and step["nonfinite_updates"] == 0
+    model, tok, _ = tiny.load_or_build()
+    lora.wrap(model, rank=4, alpha=16.0, bf16_base=True)
+    dtypes = {n.rsplit(".", 1)[0].split(".")[-1]: p.dtype for n, p in model.named_parameters()}
+    assert dtypes["base_layer"] == torch.bfloat16 and dtypes["default"] == torch.float32  # frozen / adapters
+    assert model.get_input_embeddings().weight.dtype == torch.float32  # tied to the output layer: float32
+
+
+def test_bf16_agrees_with_float32_within_its_precision(base):
+    # bf16 keeps 8 bits of mantissa (a relative step of 2^-8 = 0.4 %): log-probs computed under --bf16 must agree
+    # with float32's to a few of those steps, on the same rollouts. The advantages are equal: KTAE reads only ids,
+    # and OAR scores in float32 whatever --bf16 says (under bf16 its scores were mostly rounding noise)
+    model, tok = base
+    torch.manual_seed(0)
+    batch = sample.generate(model, prompts(tok), n=4, max_new_tokens=24, temperature=1.0, eos_id=tok.eos_token_id,
+                            pad_id=tok.pad_token_id)
+    args = (batch["input_ids"], batch["attention_mask"], batch["prompt_len"])
+    m = batch["response_mask"]
+    with torch.no_grad():
+        fp32 = sample.token_logprobs(model, *args)
+        with sample.autocast("cpu", True):
+            bf16 = sample.token_logprobs(model, *args)
+    assert_close(bf16 * m, fp32 * m, rel=3e-2, what="log-probs, bf16 vs float32")
+    rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    batch["correct"] = rewards.view(-1) > 0
+    problems = [{"answer": "1"}] * 4
+    from config import parse_args
+    for rule in ("oar-g", "ktae"):
+        got = {}
+        for bf16 in (False, True):
+            a = parse_args(["--method", rule, "--group-size", "4"] + (["--bf16"] if bf16 else []))
+            torch.manual_seed(1)  # OAR-G's noise: the same draw in both
+            got[bf16] = methods.RULES[rule].advantages(batch, rewards, m, methods.Context(a, model, tok, problems))
+        assert torch.equal(got[True].tokens, got[False].tokens), rule
+
+
+def test_float32_products_from_a_bf16_base(base):
+    # OAR on LoRA's bf16 base (sample.float32): the same numbers, gradient included, as a float32 copy of the same
+    # bf16-rounded weights, without a float32 copy of them kept for the backward
+    model, tok = base
+    held = tiny.build_model(tok)
+    held.load_state_dict(model.state_dict())
+    lora.wrap(held, rank=4, alpha=16.0, bf16_base=True)
+    copy = tiny.build_model(tok)
+    copy.load_state_dict(model.state_dict())
+    lora.wrap(copy, rank=4, alpha=16.0)
+    with torch.no_grad():  # the copy's frozen weights: the held ones, upcast
+        for (n, p), q in zip(copy.named_parameters(), held.parameters()):
+            p.copy_(q.float())
+    ids = torch.tensor(prompts(tok, 1))
+    results = []
+    for m, context in ((held, sample.float32(held)), (copy, sample.autocast("cpu", False))):
+        e = m.get_input_embeddings()(ids).detach().requires_grad_(True)
+        with context:
+            logits = m(inputs_embeds=e).logits
+            (g,) = torch.autograd.grad(logits.logsumexp(-1).sum(), e)
+        results.append((logits, g))
+    assert results[0][0].dtype == torch.float32
+    assert_close(results[0][0], results[1][0], rel=1e-5, what="logits")
+    assert_close(results[0][1], results[1][1], rel=1e-5, what="gradient to the embeddings")
