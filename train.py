@@ -45,8 +45,9 @@ def main(argv=None):
     data.locate(args.dataset, data.train_split(args.dataset), args.data_dir, "--dataset")
     data.locate(args.eval_dataset, "test", args.data_dir, "--eval-dataset")
     models.check_path(args.model)
-    checkpoint.check(args.run_dir, args, args.resume, args.overwrite)
-    run = start(args, checkpoint.find(args.run_dir) if args.resume else None)
+    ckpt = checkpoint.find(args.run_dir) if args.resume else None
+    checkpoint.check(args.run_dir, args, args.resume, args.overwrite, ckpt)
+    run = start(args, ckpt)
     B, G, rule = args.prompts_per_step, args.group_size, methods.RULES[args.rule]
     bar = tqdm(range(run.step, args.steps), initial=run.step, total=args.steps, desc=args.method)
     for step in bar:
@@ -151,9 +152,9 @@ def start(args, ckpt) -> Run:
     torch.manual_seed(args.seed)
     problem_rng = random.Random(args.seed)
     world = data.dataset(args.dataset).world  # --model tiny: this task's warm-started model
-    model, tokenizer, _ = models.load_model(ckpt or args.model, world=world)
-    if ckpt:
-        checkpoint.check_finite(model, ckpt)
+    flag = "--resume" if ckpt else "--model"
+    model, tokenizer, _ = models.load_model(ckpt or args.model, flag, world=world)
+    models.check_finite(model, ckpt or args.model, flag)
     model.to(args.device)
     if args.grad_checkpointing:
         model.activation_checkpointing_enable()
@@ -177,7 +178,7 @@ def start(args, ckpt) -> Run:
         run.buffer = (state.get("surplus_qs", []), [{k: v.to(args.device) if torch.is_tensor(v) else v
                                                      for k, v in b.items()} for b in state.get("surplus", [])])
     # the run directory is ours from here on (locked); on resume the metrics logged after the checkpoint go
-    run.lock = checkpoint.claim(args.run_dir, args, args.resume, args.overwrite)
+    run.lock = checkpoint.claim(args.run_dir, args, args.resume, args.overwrite, ckpt)
     run.metrics_path = os.path.join(args.run_dir, "metrics.jsonl")
     if ckpt:
         kept = checkpoint.read_metrics(run.metrics_path, up_to_step=run.step)
