@@ -285,13 +285,45 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int) 
             for k, v in st.items():
                 stats[k] = stats.get(k, 0.0) + v / args.mu
         stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
-        if math.isfinite(stats["grad_norm"]) and torch.isfinite(loss_sum):
-            optimizer.step()
-        else:  # a NaN or infinity must never reach the weights or AdamW's moments: skip this update, count it
+        # a NaN or infinity must never reach the weights or AdamW's moments: such an update is skipped, counted
+        why = None
+        if not (math.isfinite(stats["grad_norm"]) and torch.isfinite(loss_sum)):
+            why = "the loss or the gradient is not finite; this update is skipped"
+        elif not step_if_finite(optimizer):
+            why = "the update left a weight or an AdamW moment that is not finite; it is undone"
+        if why:
             stats["nonfinite_updates"] += 1
-            tqdm.write(f"step {step + 1}: the loss or the gradient is not finite; this update is skipped")
+            tqdm.write(f"step {step + 1}: {why}")
         optimizer.zero_grad(set_to_none=True)  # free the gradients before the next sampling
     return stats
+
+
+def step_if_finite(optimizer) -> bool:
+    """optimizer.step(), undone bit for bit when it leaves a weight or an AdamW moment that is not finite: whether
+    the update was kept. A finite gradient can still overflow: its square in the second moment (above 1.8e19 in
+    float32), or a learning rate so large that the step passes float32's range (torch then raises, having already
+    updated the moments). What the step changes is copied to the CPU first, so GPU memory does not double."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    copy = lambda t: t.detach().to("cpu", copy=True) if torch.is_tensor(t) else t  # noqa: E731
+    saved = {p: (copy(p), {k: copy(v) for k, v in optimizer.state[p].items()} if p in optimizer.state else None)
+             for p in params}
+    try:
+        optimizer.step()
+        changed = params + [v for p in params if p in optimizer.state for v in optimizer.state[p].values()
+                            if torch.is_tensor(v)]
+        if all(torch.isfinite(t).all() for t in changed):
+            return True
+    except RuntimeError as e:  # "value cannot be converted to type float without overflow"
+        if "overflow" not in str(e):
+            raise
+    with torch.no_grad():
+        for p, (weights, state) in saved.items():
+            p.copy_(weights)
+            if state is None:  # the first step made this state: there was none before it
+                optimizer.state.pop(p, None)
+            for k, v in (state or {}).items():  # copied into place: each tensor stays on its device
+                optimizer.state[p][k] = optimizer.state[p][k].copy_(v) if torch.is_tensor(v) else v
+    return False
 
 
 def run_eval(run: Run, step: int) -> float:

@@ -1,4 +1,5 @@
 """checkpoint.py and train.py's guards: nothing lost to a kill, a damaged file, a second run or a NaN."""
+import copy
 import errno
 import gc
 import json
@@ -399,6 +400,43 @@ def test_a_nan_step_is_skipped_and_counted(base, tmp_path, monkeypatch):
     for name, p in model.state_dict().items():
         if name in weights:
             assert torch.equal(weights[name], p), name  # the weights are the base model's, untouched
+
+
+@pytest.mark.parametrize("lr, grad", [(1e-3, 1e30), (1e39, 1.0)])
+def test_an_update_that_overflows_is_undone_bit_for_bit(base, lr, grad):
+    # finite gradients both: 1e30 squared is past float32's 3.4e38 in AdamW's second moment; at lr 1e39 the step
+    # size is (torch raises, after updating the moments in place)
+    model = type(base[0])(base[0].config)
+    model.load_state_dict(base[0].state_dict())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
+
+    def step(lr, grad):
+        optimizer.param_groups[0]["lr"] = lr
+        for p in model.parameters():
+            p.grad = torch.full_like(p, grad)
+        return train.step_if_finite(optimizer)
+    before = copy.deepcopy(model.state_dict())
+    assert not step(lr, grad)  # the first step: AdamW has no state yet, and must have none after
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and not optimizer.state
+    assert step(1e-3, 1.0)  # a sane step is kept, moments and all
+    kept = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+    assert not step(lr, grad)
+    assert all(torch.equal(kept[0][k], v) for k, v in model.state_dict().items())
+    for i, state in optimizer.state_dict()["state"].items():
+        assert all(torch.equal(kept[1]["state"][i][k], v) for k, v in state.items())  # the step count too
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")
+def test_a_run_whose_learning_rate_overflows_the_weights_keeps_them_finite(base, tmp_path, monkeypatch):
+    real = torch.optim.AdamW  # --lr is at most 1; the guard must hold even where that check is bypassed
+    monkeypatch.setattr(train.torch.optim, "AdamW", lambda params, **kw: real(params, **{**kw, "lr": 1e39}))
+    run_dir = str(tmp_path / "run")
+    train.main(["--steps", "2", "--warmup-steps", "0", "--run-dir", run_dir, *SMALL])
+    steps = [r for r in read(os.path.join(run_dir, "metrics.jsonl")) if "reward_mean" in r]
+    assert steps[0]["nonfinite_updates"] == 1  # (a step where every group agrees has no gradient, no update)
+    from safetensors.torch import load_file
+    weights = load_file(os.path.join(run_dir, "checkpoint", "model.safetensors"))
+    assert all(torch.equal(weights[k], v) for k, v in base[0].state_dict().items() if k in weights)
 
 
 def test_a_warning_given_before_a_kill_is_not_given_again(base, tmp_path, monkeypatch, capsys):
