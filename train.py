@@ -149,7 +149,6 @@ def start(args, ckpt) -> Run:
     rss_at_start = memory.rss_bytes()
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
     problem_rng = random.Random(args.seed)
     world = data.dataset(args.dataset).world  # --model tiny: this task's warm-started model
     flag = "--resume" if ckpt else "--model"
@@ -163,6 +162,10 @@ def start(args, ckpt) -> Run:
         ref_model, _, _ = models.load_model(args.model, world=world)
         ref_model.eval().requires_grad_(False)
         ref_model.to("cpu" if args.ref_on_cpu else args.device, dtype=torch.bfloat16 if args.bf16 else None)
+    # Seeded once the models are loaded: a first run builds or converts its model (the tiny world's warm start, a
+    # GGUF file), which draws from torch's RNG, where a later run reads it from .cache and draws nothing; seeded
+    # before, the first run of a seed would differ from every later one.
+    torch.manual_seed(args.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(args.warmup_steps, 1)))
     problems = data.run_problems(args.dataset, args.eval_dataset, tokenizer, data_dir=args.data_dir,
