@@ -492,15 +492,36 @@ def test_degenerate_runs_are_warned_about():
     (["--max-new-tokens", "0"], "--max-new-tokens 0"), (["--micro-batch-size", "0"], "--micro-batch-size 0"),
     (["--prompts-per-step", "0"], "--prompts-per-step 0"), (["--oar-q", "2"], "--oar-q 2.0"),
     (["--method", "ktae", "--ktae-alpha", "0", "--ktae-beta", "0"], "--ktae-alpha 0 --ktae-beta 0"),
-    (["--lr", "nan"], "--lr nan"), (["--temperature", "0"], "--temperature 0.0"), (["--mu", "0"], "--mu 0"),
+    (["--lr", "nan"], "--lr: nan: not a finite number"), (["--temperature", "0"], "--temperature 0.0"),
+    (["--mu", "0"], "--mu 0"),
     (["--overlong-buffer", "48"], "--overlong-buffer 48"), (["--resume", "--overwrite"], "--resume and --overwrite"),
     (["--dual-clip", "1"], "--dual-clip 1.0"), (["--method", "dapo+ktae", "--ktae-alpha", "0", "--ktae-beta", "0"],
                                                "--ktae-alpha 0 --ktae-beta 0"),
+    # numbers that are not finite, or far outside any setting's range
+    (["--lr", "inf"], "--lr: inf: not a finite number"), (["--lr", "1e400"], "--lr: 1e400: not a finite number"),
+    (["--lr", "2"], "--lr 2.0: must be at most 1.0"), (["--temperature", "1e-40"], "--temperature 1e-40: must be at "
+                                                                                  "least 0.001"),
+    (["--grad-clip", "inf"], "--grad-clip: inf"), (["--beta", "nan"], "--beta: nan"),
+    (["--eps-high", "inf"], "--eps-high: inf"), (["--max-minutes", "inf"], "--max-minutes: inf"),
+    (["--ktae-top=-inf"], "--ktae-top: -inf"), (["--gpu-memory", "1e999"], "--gpu-memory: 1e999"),
+    (["--seed", "-1"], "--seed -1: must be at least 0"), (["--seed", str(2 ** 70)], f"--seed {2 ** 70}"),
+    # the shared flags (config.check_shared, evaluate.py's too)
+    (["--device", "bogus"], "--device bogus: not a device torch knows"), (["--threads", "0"], "--threads 0"),
+    (["--threads", "1000000"], "--threads 1000000: must be at least 1 and at most this machine's"),
+    (["--run-dir", ""], "--run-dir '': empty"), (["--model", " "], "--model ' ': empty"),
 ])
 def test_bad_flags_are_argparse_errors_naming_the_flag(capsys, flags, named):
     with pytest.raises(SystemExit) as e:
         config.parse_args(flags)
     assert e.value.code == 2 and named in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_a_cuda_device_on_a_machine_without_one_is_one_argparse_line(capsys):
+    for flags in (["--device", "cuda"], ["--device", "cuda:1"]):
+        with pytest.raises(SystemExit) as e:
+            config.parse_args(flags)
+        assert e.value.code == 2 and f"{flags[1]}: no CUDA device is visible" in capsys.readouterr().err
 
 
 def run(*args, **env):
