@@ -2,6 +2,7 @@
 made before anything heavy runs (a bad value is one argparse error naming the flag). `python train.py --help` lists
 them with defaults. The flags evaluate.py shares with train.py are declared once, in add_shared_flags."""
 import argparse
+import math
 import os
 
 import torch
@@ -9,6 +10,10 @@ import torch
 import data
 import methods
 from infra import lora, models
+
+# Bounds beyond which a float flag is not a setting but a mistake (each check says why).
+MAX_LR = 1.0
+MIN_TEMPERATURE = 1e-3
 
 
 def parser() -> argparse.ArgumentParser:
@@ -32,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-limit", type=int, default=256, help="first N held-out problems")
     # sampling
     p.add_argument("--steps", type=int, default=400, help="RL steps (each: one batch of rollouts, --mu updates)")
-    p.add_argument("--max-minutes", type=float, default=None,
+    p.add_argument("--max-minutes", type=number, default=None,
                    help="stop after this much training wall time (then evaluate and save): compare methods at equal "
                         "time")
     p.add_argument("--prompts-per-step", type=int, default=16, help="B, prompts per step")
@@ -40,25 +45,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="response length limit; longer ones are truncated (default: the data's, 48 for tiny, 128 for "
                         "chain; 48 for other datasets)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (also applied in the loss)")
+    p.add_argument("--temperature", type=number, default=1.0, help="sampling temperature (also applied in the loss)")
     p.add_argument("--problem-pool", type=int, default=0,
                    help="tiny: train on a fixed pool of this many problems (0: fresh problems every step)")
     p.add_argument("--gen-batch-size", type=int, default=0,
                    help="prompts per generate call (0: all B at once); fewer prompts, smaller KV cache")
     p.add_argument("--eval-batch-size", type=int, default=256, help="prompts per generate call when evaluating")
     # optimisation
-    p.add_argument("--lr", type=float, default=5e-5, help="AdamW learning rate (the tiny model; 1e-6 for 1.5B)")
+    p.add_argument("--lr", type=number, default=5e-5, help="AdamW learning rate (the tiny model; 1e-6 for 1.5B)")
     p.add_argument("--warmup-steps", type=int, default=10, help="linear learning-rate warm-up, then constant")
-    p.add_argument("--grad-clip", type=float, default=1.0, help="clip the gradient's global norm to this")
+    p.add_argument("--grad-clip", type=number, default=1.0, help="clip the gradient's global norm to this")
     p.add_argument("--mu", type=int, default=1,
                    help="optimizer updates per batch of rollouts (G3: the clip binds when > 1)")
     p.add_argument("--micro-batch-size", type=int, default=64, help="rollouts per training forward (accumulated)")
     # the objective
-    p.add_argument("--beta", type=float, default=0.0, help="G4 KL weight; 0 loads no reference model")
+    p.add_argument("--beta", type=number, default=0.0, help="G4 KL weight; 0 loads no reference model")
     p.add_argument("--ref-on-cpu", action="store_true", help="keep the reference model on the CPU between uses")
-    p.add_argument("--eps-low", type=float, default=0.2, help="G3 clip: rho >= 1 - eps_low where A < 0")
-    p.add_argument("--eps-high", type=float, default=None, help="D1 clip-higher (dapo: 0.28; default eps-low)")
-    p.add_argument("--dual-clip", type=float, default=None, metavar="C",
+    p.add_argument("--eps-low", type=number, default=0.2, help="G3 clip: rho >= 1 - eps_low where A < 0")
+    p.add_argument("--eps-high", type=number, default=None, help="D1 clip-higher (dapo: 0.28; default eps-low)")
+    p.add_argument("--dual-clip", type=number, default=None, metavar="C",
                    help="G3 dual-clip: a token with A < 0 loses at most -A * C (zero gradient where rho > C); C > 1. "
                         "Off by default, as in the GRPO and DAPO papers; verl uses 3")
     p.add_argument("--agg", default=None, choices=["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"],
@@ -80,14 +85,15 @@ def parser() -> argparse.ArgumentParser:
                    help="rewards +1 / -1 as DAPO (default 1 / 0)")
     p.add_argument("--no-std-scale", action="store_true", help="G1 Dr. GRPO: A = r - mean(r)")
     # KTAE (K6 weights and the paper's ablations)
-    p.add_argument("--ktae-alpha", type=float, default=1.0, help="K6 weight of the Fisher strength (0: ablate)")
-    p.add_argument("--ktae-beta", type=float, default=1.0, help="K6 weight of the information gain (0: ablate)")
-    p.add_argument("--ktae-top", type=float, default=1.0, help="K6 largest key-token value")
+    p.add_argument("--ktae-alpha", type=number, default=1.0, help="K6 weight of the Fisher strength (0: ablate)")
+    p.add_argument("--ktae-beta", type=number, default=1.0, help="K6 weight of the information gain (0: ablate)")
+    p.add_argument("--ktae-top", type=number, default=1.0, help="K6 largest key-token value")
     p.add_argument("--ktae-no-tf", action="store_true", help="K5 without the BM25 frequency term (D = h)")
     # OAR (oar.py O1-O5)
-    p.add_argument("--oar-q", type=float, default=0.25, help="O5 quantile level (an independent reimplementation: 0.4)")
-    p.add_argument("--oar-beta", type=float, default=1.0, help="O5 boost (an independent reimplementation: 2.0)")
-    p.add_argument("--oar-sigma", type=float, default=1e-3, help="O3 noise on the reasoning embeddings")
+    p.add_argument("--oar-q", type=number, default=0.25,
+                   help="O5 quantile level (an independent reimplementation: 0.4)")
+    p.add_argument("--oar-beta", type=number, default=1.0, help="O5 boost (an independent reimplementation: 2.0)")
+    p.add_argument("--oar-sigma", type=number, default=1e-3, help="O3 noise on the reasoning embeddings")
     p.add_argument("--oar-probe", choices=["last", "answer_mean"], default=None,
                    help="O1 outcome probe (oar-p: last; oar-g: answer_mean)")
     p.add_argument("--oar-chunk", type=int, default=None,
@@ -97,7 +103,7 @@ def parser() -> argparse.ArgumentParser:
                    help="the conclude cue appended after the reasoning (default: the data's; the tiny world's own "
                         "'\\boxed{', OAR's sentence elsewhere: EQUATIONS.md#oar-spans)")
     # the high-entropy minority (methods.py E1)
-    p.add_argument("--top-entropy-quantile", type=float, default=0.2,
+    p.add_argument("--top-entropy-quantile", type=number, default=0.2,
                    help="E1: the share of the batch's tokens, by sampling entropy, that the entropy rule trains on")
     # evaluation and saving
     p.add_argument("--eval-every", type=int, default=50,
@@ -108,13 +114,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-rank", type=int, default=0,
                    help="train LoRA adapters of this rank instead of every weight (0: full-parameter; infra/lora.py, "
                         "needs requirements/lora.txt); with --bf16 the frozen base is held in bf16")
-    p.add_argument("--lora-alpha", type=float, default=None, help="LoRA's alpha: adapters scaled by alpha / rank "
+    p.add_argument("--lora-alpha", type=number, default=None, help="LoRA's alpha: adapters scaled by alpha / rank "
                                                                   "(default 4 x rank, as Tina's 128 at rank 32)")
     p.add_argument("--lora-targets", default=",".join(lora.TARGETS),
                    help="the projections that take adapters, comma-separated module names")
     p.add_argument("--dry-run", action="store_true", help="print the memory plan for these settings and exit "
                                                           "(reads only the model's config.json)")
-    p.add_argument("--memory", "--gpu-memory", type=float, default=None,
+    p.add_argument("--memory", "--gpu-memory", type=number, default=None,
                    help="GiB the --dry-run plan is held against (default: the GPU's when --device is one, else this "
                         "machine's memory)")
     return p
@@ -136,10 +142,59 @@ def add_shared_flags(p: argparse.ArgumentParser):
                                                              "shared machine pass what is yours)")
 
 
+def number(text: str) -> float:
+    """argparse's type for every float flag: float() also takes "nan", "inf" and "1e400" (infinity), which no
+    setting means and which would reach the weights or the sampler; each is refused in one line naming the flag."""
+    value = float(text)  # a ValueError: argparse's own "invalid number value"
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text}: not a finite number")
+    return value
+
+
 def check_shared(p, args):
-    """The checks of add_shared_flags' values."""
-    if args.threads is not None and args.threads < 1:
-        p.error(f"--threads {args.threads}: must be at least 1")
+    """The checks of add_shared_flags' values: a path that is empty, a thread count this machine does not have, a
+    device that torch does not know or that is not here (a CUDA device on a machine without one)."""
+    for flag in ("model", "data_dir"):
+        if not getattr(args, flag).strip():
+            p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)!r}: empty")
+    if threads_problem(args.threads):
+        p.error(f"--threads {args.threads}: {threads_problem(args.threads)}")
+    why = device_problem(args.device)
+    if why:
+        p.error(f"--device {args.device}: {why}")
+
+
+def threads_problem(threads: int):
+    """Why --threads cannot be used here (a phrase), or None (None: torch's choice)."""
+    cpus = os.cpu_count() or 1
+    if threads is None or 1 <= threads <= cpus:
+        return None
+    return f"must be at least 1 and at most this machine's {cpus} CPUs"
+
+
+def device_problem(device: str):
+    """Why `device` cannot run the model here (a phrase), or None."""
+    try:
+        kind = torch.device(device)
+    except (RuntimeError, ValueError):
+        return "not a device torch knows (cpu, cuda, cuda:1, mps)"
+    if kind.type == "cpu":
+        return None
+    if kind.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0:
+            return f"no CUDA device is visible (torch {torch.__version__}); use --device cpu"
+        return None if kind.index is None or kind.index < n else f"{n} CUDA device(s) visible, numbered from 0"
+    if kind.type == "mps":
+        return None if torch.backends.mps.is_available() else "MPS is not available on this machine"
+    return f"{kind.type} is not a device this project runs on (cpu, cuda, mps)"
+
+
+def check_seed(p, seed: int):
+    """torch, Python's random and numpy (TRL seeds it) all take a seed in [0, 2^32); torch refuses a larger one only
+    once the model is loaded, and a negative one would draw as its absolute value in Python's random."""
+    if not 0 <= seed < 2 ** 32:
+        p.error(f"--seed {seed}: must be at least 0 and below 2^32")
 
 
 def parse_args(argv=None):
@@ -157,37 +212,51 @@ def parse_args(argv=None):
     if args.overlong_buffer == "1/6":
         args.overlong_buffer = max(1, args.max_new_tokens // 6)
     args.eval_dataset = args.eval_dataset or ds.held_out
-    args.run_dir = args.run_dir or os.path.join("runs", f"{args.method}-seed{args.seed}")
+    if args.run_dir is None:
+        args.run_dir = os.path.join("runs", f"{args.method}-seed{args.seed}")
     if args.lora_alpha is None:
         args.lora_alpha = 4.0 * args.lora_rank
     check_args(p, args)
     return args
 
 
+def at_least(p, args, lows: dict):
+    """Each flag of lows ({dest: lowest value}) given (not None) at least its lowest value."""
+    for name, low in lows.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            p.error(f"--{name.replace('_', '-')} {value}: must be at least {low}")
+
+
 def check_args(p, args):
     """Every flag checked before anything heavy runs: a bad value is one argparse error naming the flag, not a
     traceback after the model load or a run that silently does nothing."""
     check_shared(p, args)
-    at_least = {"steps": 1, "prompts_per_step": 1, "max_new_tokens": 1, "micro_batch_size": 1, "mu": 1,
-                "eval_every": 1, "save_every": 1, "eval_limit": 1, "eval_batch_size": 1, "max_sampling_rounds": 1,
-                "gen_batch_size": 0, "problem_pool": 0, "warmup_steps": 0, "oar_chunk": 1, "lora_rank": 0}
-    for name, low in at_least.items():
-        value = getattr(args, name)
-        if value is not None and value < low:
-            p.error(f"--{name.replace('_', '-')} {value}: must be at least {low}")
+    at_least(p, args, {"steps": 1, "prompts_per_step": 1, "max_new_tokens": 1, "micro_batch_size": 1, "mu": 1,
+                       "eval_every": 1, "save_every": 1, "eval_limit": 1, "eval_batch_size": 1,
+                       "max_sampling_rounds": 1, "gen_batch_size": 0, "problem_pool": 0, "warmup_steps": 0,
+                       "oar_chunk": 1, "lora_rank": 0})
     if args.group_size < 2:  # G1 divides by the group's standard deviation, which needs two rollouts
         p.error(f"--group-size {args.group_size}: must be at least 2 (G1 compares rollouts within a group)")
     positive = {"lr": args.lr, "temperature": args.temperature, "grad_clip": args.grad_clip,
                 "oar_sigma": args.oar_sigma, "ktae_top": args.ktae_top}
     for name, value in positive.items():
-        if not value > 0:  # also catches nan
+        if not value > 0:
             p.error(f"--{name.replace('_', '-')} {value}: must be greater than 0")
+    if args.lr > MAX_LR:
+        p.error(f"--lr {args.lr}: must be at most {MAX_LR} (AdamW moves each weight by up to about lr a step)")
+    if args.temperature < MIN_TEMPERATURE:
+        p.error(f"--temperature {args.temperature}: must be at least {MIN_TEMPERATURE} (below it sampling is greedy "
+                f"in all but name, and logits / temperature overflow float32 near 1e-37)")
+    check_seed(p, args.seed)
+    if not args.run_dir.strip():
+        p.error(f"--run-dir {args.run_dir!r}: empty (leave the flag out for runs/METHOD-seedSEED)")
     for name in ("beta", "ktae_alpha", "ktae_beta", "oar_beta"):
         if not getattr(args, name) >= 0:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 0")
     if not 0 < args.eps_low < 1 or (args.eps_high is not None and not args.eps_high > 0):
         p.error(f"--eps-low {args.eps_low} / --eps-high {args.eps_high}: need 0 < eps-low < 1 and eps-high > 0")
-    if args.dual_clip is not None and not args.dual_clip > 1:  # also catches nan
+    if args.dual_clip is not None and not args.dual_clip > 1:
         p.error(f"--dual-clip {args.dual_clip}: must be greater than 1")
     if not 0 < args.oar_q < 1:
         p.error(f"--oar-q {args.oar_q}: O5's quantile level must lie strictly between 0 and 1")

@@ -21,6 +21,7 @@ import argparse
 import codecs
 import collections
 import json
+import math
 import os
 import random
 import sys
@@ -170,24 +171,50 @@ def normalise(row: dict, notes=None):
         taken.append(QUESTION_FROM_QUESTION)
     answer = row.get("final_answer")
     if isinstance(answer, list):  # OlympiadBench: ["$(1,8,19), (2,7,13)$"] or ["$69$,$84$"]
-        answer = ", ".join(str(a).replace("$", "").strip() for a in answer if str(a).strip())
+        parts = [number_answer(a) if _is_number(a) else a for a in answer]
+        if any(isinstance(a, float) for a in parts):
+            return NOT_FINITE
+        answer = ", ".join(str(a).replace("$", "").strip() for a in parts if str(a).strip())
+    elif _is_number(answer):
+        answer = number_answer(answer)
     elif answer is None:
         if "final_answer" in row and row.get("answer") is not None:
             taken.append(ANSWER_FROM_ANSWER)
         answer = row.get("answer")
         if isinstance(answer, bool):
             answer = None
-        elif isinstance(answer, (int, float)):  # AMC23 publishes 27.0
-            answer = str(int(answer)) if float(answer).is_integer() else repr(answer)
+        elif _is_number(answer):  # AMC23 publishes 27.0
+            answer = number_answer(answer)
         elif isinstance(answer, str) and "####" in answer:  # GSM8K: reasoning, then "#### 1,080"
             answer = answer.rsplit("####", 1)[1].strip().replace(",", "")
         elif answer is None and isinstance(row.get("solution"), str):  # Minerva: only inside the solution
             answer = reward.last_boxed(row["solution"])
             taken.append(FILLED_FROM_BOX)
+    if isinstance(answer, float):  # number_answer's verdict on NaN, Infinity or 1e400
+        return NOT_FINITE
     if not isinstance(answer, str) or not answer.strip():
         return "no answer (fields `answer`, `final_answer`, or a \\boxed{} in `solution`)"
     notes.update(taken)
     return question.strip(), answer.strip()
+
+
+NOT_FINITE = "no answer (the gold answer is NaN or infinite: Python's JSON reads NaN, Infinity and 1e400 so)"
+
+
+def number_answer(value):
+    """A gold answer published as a JSON number, as the string a model would box: 27.0 -> "27", 0.5 -> "0.5",
+    an integer of 400 digits as its digits. NaN and infinity (JSON's NaN, Infinity, or 1e400, which overflows a
+    float) come back as the float itself, for normalise() to refuse the row."""
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return value
+    # beyond 2^53 a float is not an exact integer: int(1e300) would invent 300 digits
+    return str(int(value)) if value.is_integer() and abs(value) < 2 ** 53 else repr(value)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def parse_line(raw: bytes):
@@ -202,6 +229,10 @@ def parse_line(raw: bytes):
         row = json.loads(text)
     except json.JSONDecodeError as e:
         return None, f"broken JSON ({e.msg}, column {e.colno})"
+    except RecursionError:  # Python's parser recurses once per level: [[[[...]]]] of depth ~1000 is enough
+        return None, "broken JSON (nested too deeply to read)"
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        return None, f"broken JSON ({str(e).split(':')[0]})"
     if not isinstance(row, dict):
         return None, f"not a JSON object ({_json_kind(row)})"
     return row, None
@@ -430,6 +461,8 @@ def run_problems(name: str, eval_name: str, tokenizer, *, data_dir: str = DATA_D
     held, skipped = load(eval_name, "test", data_dir, eval_limit, notes=notes, flag=eval_flag)
     held, lost = drop_unencodable(held, tokenizer)  # before the prompts add their instruction
     report(f"{eval_flag} {eval_name}", held, skipped + lost, notes)
+    if not held:  # every evaluation would be of nothing, its accuracy a 0 of 0
+        sys.exit(f"{eval_flag} {eval_name}: no usable problem")
     questions = {p["question"] for p in held}
     if ds.world is not None:
         pool = None

@@ -17,6 +17,7 @@ import argparse
 import collections
 import json
 import os
+import sys
 import time
 from math import comb
 
@@ -27,7 +28,7 @@ import config
 import data
 import reward
 import sample
-from infra import models
+from infra import checkpoint, models
 
 # the papers' seven benchmarks, in the order they report them
 BENCHMARKS = ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench", "gsm8k"]
@@ -98,15 +99,37 @@ def score(model, tokenizer, prompts: list, golds: list, *, k: int = 1, temperatu
     }
 
 
-def run_benchmark(model, tokenizer, name: str, args) -> dict:
-    """One benchmark: greedy pass@1, and avg@k / pass@k from k samples at --temperature when --k > 1."""
-    # a row that cannot be read or used, or whose text the tokenizer cannot encode (the tiny model's small
-    # alphabet), is skipped and reported with its file and line; what was filled in is counted (data.report)
+def load_benchmark(name: str, args):
+    """A benchmark's problems, read before the model loads: (problems, skipped, notes) as data.load gives them. A
+    row that cannot be read or used is skipped and reported with its file and line; a benchmark left with none
+    fails here in one line (an evaluation of nothing would print a table of zeros and exit 0)."""
     notes = collections.Counter()
     problems, skipped = data.load(name, "test", args.data_dir, args.limit, notes=notes, flag="--benchmarks")
+    if not problems:
+        no_problem(name, "usable problem", skipped)
+    return problems, skipped, notes
+
+
+def encodable(name: str, loaded: tuple, tokenizer) -> tuple:
+    """loaded (load_benchmark's) without the rows whose text the tokenizer cannot encode (the tiny model's small
+    alphabet): they are skipped and reported like unusable rows; what was filled in is counted (data.report)."""
+    problems, skipped, notes = loaded
     problems, unencodable = data.drop_unencodable(problems, tokenizer)
-    skipped += unencodable
-    loaded = data.report(name, problems, skipped, notes)
+    if not problems:
+        no_problem(name, "problem the tokenizer can encode", unencodable)
+    return problems, skipped + unencodable, notes
+
+
+def no_problem(name: str, what: str, skipped: list):
+    more = f" (and {len(skipped) - 1} more rows skipped)" if len(skipped) > 1 else ""
+    sys.exit(f"--benchmarks {name}: no {what}" + (f": {skipped[0]}{more}" if skipped else ""))
+
+
+def run_benchmark(model, tokenizer, name: str, loaded: tuple, args) -> dict:
+    """One benchmark: greedy pass@1, and avg@k / pass@k from k samples at --temperature when --k > 1. loaded:
+    encodable()'s problems, skipped rows and notes."""
+    problems, skipped, notes = loaded
+    summary = data.report(name, problems, skipped, notes)
     prompts = [data.dataset(name).prompt(tokenizer, p) for p in problems]
     golds = [p["answer"] for p in problems]
     t0 = time.time()
@@ -132,7 +155,7 @@ def run_benchmark(model, tokenizer, name: str, args) -> dict:
         row["parse_failures"] += sampled["checker"]["gold_unparseable"] + sampled["checker"]["errors"]
     row["seconds"] = time.time() - t0
     row["problems"] = per_problem
-    row["loaded"] = loaded  # data.report's line: rows loaded, skipped (and why), fallbacks taken
+    row["loaded"] = summary  # data.report's line: rows loaded, skipped (and why), fallbacks taken
     return row
 
 
@@ -173,6 +196,36 @@ def free_path(path: str) -> str:
     return path
 
 
+def check_args(p, args) -> list:
+    """Every flag checked before the model loads, each in one argparse line: the shared ones (config.py), the
+    counts, a sampling temperature when --k > 1, the benchmarks (an unknown name, a file that is not there), and
+    a place the results can be written (an evaluation that ran an hour must not fail at its last line). Returns
+    the benchmark names."""
+    config.check_shared(p, args)
+    config.check_seed(p, args.seed)
+    config.at_least(p, args, {"limit": 1, "batch_size": 1, "max_new_tokens": 1, "k": 1})
+    if args.k > 1 and not args.temperature >= config.MIN_TEMPERATURE:
+        p.error(f"--temperature {args.temperature}: must be at least {config.MIN_TEMPERATURE} with --k {args.k} "
+                f"(the k samples; greedy pass@1 is always reported)")
+    names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
+    if not names:
+        p.error(f"--benchmarks {args.benchmarks!r}: names no benchmark")
+    for b in names:
+        try:  # an unknown name or a file that is not there fails now, in one line, before the model is loaded
+            data.locate(b, "test", args.data_dir, "--benchmarks")
+        except SystemExit as e:
+            p.error(str(e))
+    if args.out and os.path.isdir(args.out):
+        p.error(f"--out {args.out}: a folder; name a .json file")
+    if args.out and os.path.exists(args.out) and not args.overwrite:
+        p.error(f"--out {args.out} exists: pass --overwrite to replace it, or choose another file")
+    try:
+        checkpoint.writable_dir(os.path.dirname(args.out or default_out(args, names)) or ".", "--out")
+    except SystemExit as e:
+        p.error(str(e))
+    return names
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="greedy pass@1, avg@k and pass@k on the math benchmarks")
     config.add_shared_flags(p)  # --model, --data-dir, --device, --bf16, --threads: as train.py's
@@ -189,28 +242,24 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=64, help="responses generated together")
     # sampled answers, besides the greedy one
     p.add_argument("--k", type=int, default=1, help="samples per problem for avg@k and pass@k (1: greedy only)")
-    p.add_argument("--temperature", type=float, default=0.6, help="for the k samples (greedy pass@1 uses 0)")
+    p.add_argument("--temperature", type=config.number, default=0.6, help="for the k samples (greedy pass@1 uses 0)")
     p.add_argument("--seed", type=int, default=0, help="of the k samples")
     args = p.parse_args(argv)
-    config.check_shared(p, args)
+    names = check_args(p, args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.out and os.path.exists(args.out) and not args.overwrite:
-        p.error(f"--out {args.out} exists: pass --overwrite to replace it, or choose another file")
-    names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
-    for b in names:
-        try:  # an unknown name or a file that is not there fails now, in one line, before the model is loaded
-            data.locate(b, "test", args.data_dir, "--benchmarks")
-        except SystemExit as e:
-            p.error(str(e))
+    models.check_path(args.model)
+    loaded = {name: load_benchmark(name, args) for name in names}
     model, tokenizer, _ = models.load_model(args.model)
+    models.check_finite(model, args.model)
     # --bf16: nothing trains here, so the weights themselves are held in bf16 (config.add_shared_flags)
     model.to(args.device, dtype=torch.bfloat16 if args.bf16 else None).eval()
     if args.max_new_tokens is None:  # the tiny world's context (256) has no room for 3000
         args.max_new_tokens = 48 if (getattr(model.config, "max_position_embeddings", 0) or 10**9) <= 256 else 3000
+    loaded = {name: encodable(name, loaded[name], tokenizer) for name in names}  # each checked before any runs
     results = {}
     for name in names:
-        results[name] = run_benchmark(model, tokenizer, name, args)
+        results[name] = run_benchmark(model, tokenizer, name, loaded[name], args)
     counts = ("n", "rows_skipped", "timeouts", "malformed", "parse_failures", "prompts_cut", "batches_capped",
               "seconds")
     rates = [c for c in results[names[0]] if c not in counts + ("problems", "loaded")]

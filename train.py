@@ -45,8 +45,9 @@ def main(argv=None):
     data.locate(args.dataset, data.train_split(args.dataset), args.data_dir, "--dataset")
     data.locate(args.eval_dataset, "test", args.data_dir, "--eval-dataset")
     models.check_path(args.model)
-    checkpoint.check(args.run_dir, args, args.resume, args.overwrite)
-    run = start(args, checkpoint.find(args.run_dir) if args.resume else None)
+    ckpt = checkpoint.find(args.run_dir) if args.resume else None
+    checkpoint.check(args.run_dir, args, args.resume, args.overwrite, ckpt)
+    run = start(args, ckpt)
     try:
         loop(run)
     except Exception as e:  # an allocation that failed: one line naming the phase, and logged; nothing is lost
@@ -165,27 +166,31 @@ def start(args, ckpt) -> Run:
     rss_at_start = memory.rss_bytes()
     if args.threads:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
     problem_rng = random.Random(args.seed)
     world = data.dataset(args.dataset).world  # --model tiny: this task's warm-started model
     state = checkpoint.load_state(ckpt) if ckpt else None
     # a LoRA run resumes from the base (--model) and its adapters in state.pt; a full-parameter one from the checkpoint
-    model, tokenizer, _ = models.load_model(ckpt if ckpt and not args.lora_rank else args.model, world=world)
+    resume_model = ckpt and not args.lora_rank
+    model, tokenizer, _ = models.load_model(ckpt if resume_model else args.model,
+                                            "--resume" if resume_model else "--model", world=world)
+    ref_model = None
+    if args.beta > 0 and not args.lora_rank:  # (under LoRA the reference is the frozen base itself)
+        ref_model, _, _ = models.load_model(args.model, world=world)
+        ref_model.eval().requires_grad_(False)
+        ref_model.to("cpu" if args.ref_on_cpu else args.device, dtype=torch.bfloat16 if args.bf16 else None)
+    # Seeded once the models are loaded: a first run builds or converts its model (the tiny world's warm start, a
+    # GGUF file), which draws from torch's RNG, where a later run reads it from .cache and draws nothing; seeded
+    # before, the first run of a seed would differ from every later one. LoRA's adapters are drawn after.
+    torch.manual_seed(args.seed)
     adapters = None
     if args.lora_rank:  # adapters on the projections, every other weight frozen (infra/lora.py)
         adapters = lora.wrap(model, args.lora_rank, args.lora_alpha, args.lora_targets.split(","), bf16_base=args.bf16)
         if state:
             model.load_state_dict(state["adapter"], strict=False)
-    if ckpt:
-        checkpoint.check_finite(model, ckpt)
+    models.check_finite(model, ckpt or args.model, "--resume" if ckpt else "--model")
     model.to(args.device)
     if args.grad_checkpointing:
         model.activation_checkpointing_enable()
-    ref_model = None
-    if args.beta > 0 and adapters is None:
-        ref_model, _, _ = models.load_model(args.model, world=world)
-        ref_model.eval().requires_grad_(False)
-        ref_model.to("cpu" if args.ref_on_cpu else args.device, dtype=torch.bfloat16 if args.bf16 else None)
     optimizer = torch.optim.AdamW(lora.trainable(model).values(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(args.warmup_steps, 1)))
     problems = data.run_problems(args.dataset, args.eval_dataset, tokenizer, data_dir=args.data_dir,
@@ -201,7 +206,7 @@ def start(args, ckpt) -> Run:
         run.buffer = (state.get("surplus_qs", []), [{k: v.to(args.device) if torch.is_tensor(v) else v
                                                      for k, v in b.items()} for b in state.get("surplus", [])])
     # the run directory is ours from here on (locked); on resume the metrics logged after the checkpoint go
-    run.lock = checkpoint.claim(args.run_dir, args, args.resume, args.overwrite)
+    run.lock = checkpoint.claim(args.run_dir, args, args.resume, args.overwrite, ckpt)
     run.metrics_path = os.path.join(args.run_dir, "metrics.jsonl")
     if ckpt:
         kept = checkpoint.read_metrics(run.metrics_path, up_to_step=run.step)
@@ -312,14 +317,54 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, 
                 stats[k] = stats.get(k, 0.0) + v / args.mu
         peaks.end("training")
         stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
-        if math.isfinite(stats["grad_norm"]) and torch.isfinite(loss_sum):
-            optimizer.step()
-        else:  # a NaN or infinity must never reach the weights or AdamW's moments: skip this update, count it
+        # a NaN or infinity must never reach the weights or AdamW's moments: such an update is skipped, counted
+        why = None
+        if not (math.isfinite(stats["grad_norm"]) and torch.isfinite(loss_sum)):
+            why = "the loss or the gradient is not finite; this update is skipped"
+        elif not step_if_finite(optimizer):
+            why = "the update left a weight or an AdamW moment that is not finite; it is undone"
+        if why:
             stats["nonfinite_updates"] += 1
-            tqdm.write(f"step {step + 1}: the loss or the gradient is not finite; this update is skipped")
+            tqdm.write(f"step {step + 1}: {why}")
         optimizer.zero_grad(set_to_none=True)  # free the gradients before the next sampling
         peaks.end("optimizer")
     return stats
+
+
+def step_if_finite(optimizer) -> bool:
+    """optimizer.step(), undone bit for bit when it leaves a weight or an AdamW moment that is not finite: whether
+    the update was kept. A finite gradient can still overflow: its square in the second moment (above 1.8e19 in
+    float32), or a learning rate so large that the step passes float32's range (torch then raises, having already
+    updated the moments). What such a step changes is copied to the CPU first, so GPU memory does not double."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    # The usual case needs no copy: AdamW moves a weight by at most about lr (Kingma & Ba's bound, with betas
+    # (0.9, 0.99)), and its moments stay below the largest gradient (squared). Only a gradient or a step size near
+    # float32's range can overflow, and only then is the state copied (12 bytes a trained parameter).
+    grads = [p.grad.abs().max() for p in params if p.grad is not None]
+    largest = torch.stack(grads).max().item() if grads else 0.0
+    if largest < 1e18 and all(group["lr"] <= 1 for group in optimizer.param_groups):
+        optimizer.step()
+        return True
+    copy = lambda t: t.detach().to("cpu", copy=True) if torch.is_tensor(t) else t  # noqa: E731
+    saved = {p: (copy(p), {k: copy(v) for k, v in optimizer.state[p].items()} if p in optimizer.state else None)
+             for p in params}
+    try:
+        optimizer.step()
+        changed = params + [v for p in params if p in optimizer.state for v in optimizer.state[p].values()
+                            if torch.is_tensor(v)]
+        if all(torch.isfinite(t).all() for t in changed):
+            return True
+    except RuntimeError as e:  # "value cannot be converted to type float without overflow"
+        if "overflow" not in str(e):
+            raise
+    with torch.no_grad():
+        for p, (weights, state) in saved.items():
+            p.copy_(weights)
+            if state is None:  # the first step made this state: there was none before it
+                optimizer.state.pop(p, None)
+            for k, v in (state or {}).items():  # copied into place: each tensor stays on its device
+                optimizer.state[p][k] = optimizer.state[p][k].copy_(v) if torch.is_tensor(v) else v
+    return False
 
 
 def run_eval(run: Run, step: int) -> float:

@@ -5,13 +5,16 @@ RUN_DIR holds
     metrics.jsonl    one JSON line per step and per evaluation (train.py)
     checkpoint/      an ordinary Hugging Face model directory, state.pt (optimizer, step, RNG states, D2's
                      buffer) and manifest.json (every file's size and SHA-256, written last)
-    checkpoint.prev/ the checkpoint before, kept only while a new one is being swapped in
+    checkpoint.prev/ the checkpoint saved before it, kept until the next save begins
+    checkpoint.tmp/  a checkpoint being written (complete once its manifest is there)
     .lock            held (flock) while a run writes here, so two runs never interleave their metrics
 
-Why each piece: a kill can land anywhere, so a new checkpoint is written beside the old one and the old one is
-removed only after the new one is in place; the manifest says a directory is complete and undamaged (a truncated
-or bit-flipped file is caught before anything loads it); run.json lets --resume refuse another method's
-checkpoint and lets a new run refuse to overwrite a finished one.
+Why each piece: a kill can land anywhere, so a new checkpoint is written beside the old one and the old one moves
+aside only after the new one is complete; the manifest says a directory is complete and undamaged (a truncated
+or bit-flipped file is caught before anything loads it), and a damaged checkpoint falls back to the one before;
+run.json (and, if it is lost, state.pt's own copy of the settings) lets --resume refuse another method's
+checkpoint and lets a new run refuse to overwrite a finished one. A write that fails (a full disk, a folder made
+read-only) stops the run with one line and leaves the last complete checkpoint in place.
 """
 import hashlib
 import json
@@ -19,6 +22,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 
 import torch
 
@@ -41,33 +45,73 @@ def _read_json(path: str):
     try:
         with open(path) as f:
             return json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 
-def check(run_dir: str, args, resume: bool, overwrite: bool):
-    """Before anything heavy runs, and writing nothing: refuse another run's directory unless --resume (with the
-    same method and task) or --overwrite."""
+def read_info(run_dir: str):
+    """run.json as written by write_info, or None if it is missing, not JSON, or not of that shape."""
     info = _read_json(os.path.join(run_dir, "run.json"))
-    if resume and info is not None:
-        for key in SAME_ON_RESUME:
-            if key in info["args"] and info["args"][key] != getattr(args, key):
-                fail(f"--resume: {run_dir} is a run with --{key.replace('_', '-')} {info['args'][key]}, not "
-                     f"{getattr(args, key)}; resume it with the same setting, or use another --run-dir")
-    holds_a_run = any(os.path.exists(os.path.join(run_dir, n)) for n in ("metrics.jsonl", CHECKPOINT, PREVIOUS))
+    return info if isinstance(info, dict) and isinstance(info.get("args"), dict) else None
+
+
+def saved_args(ckpt: str) -> dict:
+    """The settings a checkpoint was saved with (state.pt's "args"), read without loading its tensors."""
+    return load_state(ckpt, mmap=True).get("args") or {}
+
+
+def check(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
+    """Before anything heavy runs, leaving nothing behind: refuse a run directory that cannot be written, and
+    another run's directory unless --resume (with the same method and task as both run.json and the checkpoint
+    ckpt say, so that a lost or damaged run.json changes nothing) or --overwrite."""
+    writable_dir(run_dir, "--run-dir")
+    info = read_info(run_dir)
+    if resume:
+        for saved in ([info["args"]] if info else []) + ([saved_args(ckpt)] if ckpt else []):
+            for key in SAME_ON_RESUME:
+                if key in saved and saved[key] != getattr(args, key):
+                    fail(f"--resume: {run_dir} is a run with --{key.replace('_', '-')} {saved[key]}, not "
+                         f"{getattr(args, key)}; resume it with the same setting, or use another --run-dir")
+    holds_a_run = any(os.path.exists(os.path.join(run_dir, n)) for n in ("metrics.jsonl", CHECKPOINT, PREVIOUS, TMP))
     if holds_a_run and not resume and not overwrite:
-        what = (f"a {'finished' if info.get('finished') else 'stopped'} {info['args']['method']} run"
+        what = (f"a {'finished' if info.get('finished') else 'stopped'} {info['args'].get('method')} run"
                 if info else "a run")
         fail(f"--run-dir {run_dir} holds {what}: pass --resume to continue it, --overwrite to start over, "
              f"or choose another --run-dir")
 
 
-def claim(run_dir: str, args, resume: bool, overwrite: bool):
+def writable_dir(path: str, flag: str):
+    """Fail in one line, now rather than at the first save, if a file cannot be created in the folder `path`: a
+    path that is a file or lies under one, a parent that is read-only. The folders made to find out, and the probe
+    file, are removed again."""
+    missing, there = [], os.path.abspath(path)
+    while not os.path.exists(there):
+        missing.append(there)
+        there = os.path.dirname(there)
+    if not os.path.isdir(there):
+        fail(f"{flag} {path}: {there} is a file, not a folder")
+    made = []
+    try:
+        for folder in reversed(missing):
+            os.mkdir(folder)
+            made.append(folder)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        fail(f"{flag} {path}: cannot write there ({e.strerror or e})")
+    finally:
+        for folder in reversed(made):
+            os.rmdir(folder)
+
+
+def claim(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
     """Make RUN_DIR this run's, just before the first write (a start that fails earlier leaves no folder behind):
-    take the lock, clear the old run on --overwrite, write run.json. Returns the lock's open file, which must stay
-    open while the run writes (a kill releases it)."""
+    take the lock, check again under it (a run that started beside this one may have finished there since
+    check()), finish a swap a kill interrupted (or clear the old run on --overwrite), write run.json. Returns the
+    lock's open file, which must stay open while the run writes (a kill releases it)."""
     os.makedirs(run_dir, exist_ok=True)
     lock = _lock(run_dir)
+    check(run_dir, args, resume, overwrite, ckpt)
     if overwrite and not resume:
         for name in ("metrics.jsonl", "run.json", CHECKPOINT, PREVIOUS, TMP, "heatmaps"):
             path = os.path.join(run_dir, name)
@@ -75,6 +119,8 @@ def claim(run_dir: str, args, resume: bool, overwrite: bool):
                 shutil.rmtree(path)
             elif os.path.exists(path):
                 os.remove(path)
+    elif problem(os.path.join(run_dir, TMP)) is None:  # complete: killed between save()'s two renames
+        _swap_in(run_dir)
     write_info(run_dir, args, finished=False)
     return lock
 
@@ -97,9 +143,16 @@ def write_info(run_dir: str, args, finished: bool, step: int = None):
     """run.json: the method and settings (as parsed, presets applied), and whether the run reached its end."""
     info = {"method": args.method, "finished": finished, "step": step, "args": vars(args)}
     tmp = os.path.join(run_dir, "run.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(info, f, indent=1, default=str)
-    os.replace(tmp, os.path.join(run_dir, "run.json"))
+    try:
+        with open(tmp, "w") as f:
+            json.dump(info, f, indent=1, default=str)
+        os.replace(tmp, os.path.join(run_dir, "run.json"))
+    except OSError as e:
+        fail(f"{os.path.join(run_dir, 'run.json')}: cannot be written ({e.strerror or e})")
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 # ---- metrics.jsonl --------------------------------------------------------------------------------------------
@@ -111,8 +164,12 @@ def finite_or_none(record: dict) -> dict:
 
 
 def append_metrics(path: str, record: dict):
-    with open(path, "a") as f:
-        f.write(json.dumps(finite_or_none(record), allow_nan=False) + "\n")
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(finite_or_none(record), allow_nan=False) + "\n")
+    except OSError as e:  # a full disk: the lines before stay, --resume continues from the last checkpoint
+        fail(f"{path}: cannot append the record of step {record.get('step')} ({e.strerror or e}); --resume "
+             f"continues from the last checkpoint")
 
 
 def read_metrics(path: str, up_to_step: int = None) -> list:
@@ -125,7 +182,9 @@ def read_metrics(path: str, up_to_step: int = None) -> list:
         for i, line in enumerate(f, 1):
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
+                record = None
+            if not isinstance(record, dict):
                 print(f"{path}:{i}: not a complete JSON line (a run killed while writing?); dropped")
                 continue
             if up_to_step is None or record.get("step", 0) <= up_to_step:
@@ -151,42 +210,91 @@ def _sha256(path: str) -> str:
 
 
 def save(run_dir: str, model, tokenizer, state: dict, write=None):
-    """Write RUN_DIR/checkpoint: the model and tokenizer (an HF directory), state.pt, then manifest.json. write:
-    write(path) writes the model files instead (LoRA: the merged model and the adapter, infra/lora.py).
+    """Write RUN_DIR/checkpoint: the model and tokenizer (an HF directory), state.pt, then manifest.json; the
+    checkpoint it replaces becomes checkpoint.prev. write: write(path) writes the model files instead (LoRA: the
+    merged model and the adapter, infra/lora.py).
 
-    The order makes every kill safe: the new checkpoint is complete in checkpoint.tmp (manifest last) before the
-    old one moves aside to checkpoint.prev, and checkpoint.prev goes only once checkpoint is in place. Whatever
-    the moment of a kill, `checkpoint` or `checkpoint.prev` is complete, and find() takes the newer of them."""
+    The order makes every kill safe: the one before the last (checkpoint.prev) goes first, to make room, unless
+    the last is damaged; the new checkpoint is complete in checkpoint.tmp (manifest last) before the last one
+    moves aside to checkpoint.prev. Whatever the moment of a kill, `checkpoint`, a complete `checkpoint.tmp` or
+    `checkpoint.prev` is complete, and find() takes the newest of them. A write that fails (a full disk) stops
+    the run with one line; the last checkpoint stays in place."""
     final, prev, tmp = (os.path.join(run_dir, n) for n in (CHECKPOINT, PREVIOUS, TMP))
-    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for old in (tmp, prev) if _intact(final) else (tmp,):
+            if os.path.isdir(old):
+                shutil.rmtree(old)
+        _write(tmp, model, tokenizer, state, write)
+    except Exception as e:  # safetensors, torch.save and the tokenizer each raise their own kind on a full disk
+        shutil.rmtree(tmp, ignore_errors=True)  # incomplete: it only takes space
+        free = shutil.disk_usage(run_dir).free / 2 ** 20
+        fail(f"{tmp}: the checkpoint of step {state['step']} could not be written ({_first_line(e)}; {free:.0f} MiB "
+             f"free there); {_last(final)}")
+    try:
+        _swap_in(run_dir)
+    except OSError as e:
+        fail(f"{final}: the checkpoint of step {state['step']} is complete in {tmp} but could not be moved in "
+             f"({e.strerror or e}); --resume takes it from there")
+
+
+def _write(path: str, model, tokenizer, state: dict, write=None):
+    """A complete checkpoint directory at path: the model, the tokenizer (or what write(path) writes), state.pt, and
+    last the manifest of every file below path."""
     if write is None:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
     else:
-        write(tmp)
-    torch.save(state, os.path.join(tmp, "state.pt"))
-    files = sorted(os.path.relpath(os.path.join(d, n), tmp) for d, _, names in os.walk(tmp) for n in names)
+        write(path)
+    torch.save(state, os.path.join(path, "state.pt"))
+    files = sorted(os.path.relpath(os.path.join(d, n), path) for d, _, names in os.walk(path) for n in names)
     manifest = {"step": state["step"],
-                "files": {n: {"bytes": os.path.getsize(os.path.join(tmp, n)), "sha256": _sha256(os.path.join(tmp, n))}
-                          for n in files}}
-    with open(os.path.join(tmp, MANIFEST), "w") as f:
+                "files": {n: {"bytes": os.path.getsize(os.path.join(path, n)),
+                              "sha256": _sha256(os.path.join(path, n))} for n in files}}
+    with open(os.path.join(path, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
-    if os.path.isdir(final):
-        if os.path.isdir(prev):  # left by an earlier kill; `checkpoint` is complete, so prev is not needed
+
+
+def _swap_in(run_dir: str):
+    """The complete checkpoint.tmp becomes `checkpoint`, and `checkpoint` becomes checkpoint.prev; a damaged
+    `checkpoint` (the run resumed from checkpoint.prev) goes instead, so that prev stays the last complete one."""
+    final, prev, tmp = (os.path.join(run_dir, n) for n in (CHECKPOINT, PREVIOUS, TMP))
+    if _intact(final):
+        if os.path.isdir(prev):
             shutil.rmtree(prev)
         os.replace(final, prev)
+    elif os.path.isdir(final):
+        shutil.rmtree(final)
     os.replace(tmp, final)
-    shutil.rmtree(prev, ignore_errors=True)
+
+
+def _intact(path: str) -> bool:
+    """A checkpoint directory whose manifest is readable and whose files have the sizes it lists: problem()'s
+    checks but the checksums, which would read every byte of a large model at each save."""
+    files = (_read_json(os.path.join(path, MANIFEST)) or {}).get("files") if os.path.isdir(path) else None
+    try:
+        return isinstance(files, dict) and all(os.path.getsize(os.path.join(path, n)) == e["bytes"]
+                                               for n, e in files.items())
+    except (OSError, TypeError, KeyError):
+        return False
+
+
+def _last(final: str) -> str:
+    """What --resume would continue from, said after a failed save."""
+    step = (_read_json(os.path.join(final, MANIFEST)) or {}).get("step") if os.path.isdir(final) else None
+    return f"{final} (step {step}) is intact: --resume continues from it" if step is not None else \
+        "no earlier checkpoint was saved"
 
 
 def problem(path: str):
     """Why the checkpoint directory `path` cannot be resumed from (one line), or None if it is complete."""
     manifest = _read_json(os.path.join(path, MANIFEST))
-    if manifest is None:
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(e, dict) and {"bytes", "sha256"} <= e.keys()
+                                              for e in files.values()):
         return f"{path}: no readable {MANIFEST} (incomplete: the run was killed while saving?)"
-    for name, expect in manifest["files"].items():
+    for name, expect in files.items():
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             return f"{file}: missing"
@@ -198,8 +306,12 @@ def problem(path: str):
 
 
 def find(run_dir: str) -> str:
-    """The checkpoint to resume from: `checkpoint` if it is complete, else `checkpoint.prev` (a kill during the
-    swap). Exits with one line per candidate if neither is usable."""
+    """The checkpoint to resume from: a complete checkpoint.tmp (a kill, or a failed rename, between save()'s two
+    renames: the newest), else `checkpoint` if it is complete, else `checkpoint.prev` (the one saved before).
+    Exits with one line naming each damaged candidate if none is usable."""
+    tmp = os.path.join(run_dir, TMP)
+    if os.path.isdir(tmp) and problem(tmp) is None:
+        return tmp
     problems = []
     for name in (CHECKPOINT, PREVIOUS):
         path = os.path.join(run_dir, name)
@@ -216,16 +328,13 @@ def find(run_dir: str) -> str:
     fail("--resume: no usable checkpoint: " + "; ".join(problems))
 
 
-def load_state(path: str) -> dict:
-    """state.pt of a checkpoint that find() accepted (torch.load of a file we wrote ourselves)."""
+def load_state(path: str, mmap: bool = False) -> dict:
+    """state.pt of a checkpoint that find() accepted (torch.load of a file we wrote ourselves); mmap: its tensors
+    are read only when used."""
     try:
-        return torch.load(os.path.join(path, "state.pt"), weights_only=False, map_location="cpu")
+        state = torch.load(os.path.join(path, "state.pt"), weights_only=False, map_location="cpu", mmap=mmap)
     except Exception as e:  # unpickling a damaged file can raise almost anything
-        fail(f"--resume: {os.path.join(path, 'state.pt')} cannot be read: {str(e).splitlines()[0]}")
-
-
-def check_finite(model, path: str):
-    """A checkpoint whose weights hold NaN or infinity would fail later, deep inside sampling: say so now."""
-    for name, p in model.named_parameters():
-        if not torch.isfinite(p).all():
-            fail(f"--resume: {path}: parameter {name} holds NaN or infinite values")
+        fail(f"--resume: {os.path.join(path, 'state.pt')} cannot be read: {_first_line(e)}")
+    if not isinstance(state, dict):
+        fail(f"--resume: {os.path.join(path, 'state.pt')} is not a train.py state")
+    return state

@@ -18,6 +18,7 @@ either: the directory is missing, the package is not installed, or the hub canno
 """
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import sys
@@ -228,8 +229,10 @@ def check_path(name: str, flag: str = "--model", config_only: bool = False):
             _package_dir(name, alias, alias.packages[0], flag)
         if importlib.util.find_spec("gguf") is None:
             sys.exit(f"{flag} {name}: reading a GGUF file needs the `gguf` package: {alias.pip}")
-    if name in MODELS or is_hub_name(name) or gguf_location(name, flag):
+    if name in MODELS or is_hub_name(name):
         return
+    if gguf_location(name, flag):
+        return check_gguf(os.path.join(*gguf_location(name, flag)), name, flag)
     path = os.path.expanduser(name)
     if not os.path.isdir(path):
         sys.exit(f"{flag} {name}: no such directory")
@@ -242,6 +245,69 @@ def check_path(name: str, flag: str = "--model", config_only: bool = False):
         sys.exit(f"{flag} {name}: no weights (*.safetensors or *.bin) in this directory")
     if not any(f.startswith(("tokenizer", "vocab")) for f in files):
         sys.exit(f"{flag} {name}: no tokenizer (tokenizer.json or tokenizer_config.json) in this directory")
+    check_files(path, name, flag)
+
+
+# The files that make a tokenizer, one set per kind (tokenizer_config.json alone only names the class).
+TOKENIZER_FILES = [("tokenizer.json",), ("vocab.json", "merges.txt"), ("tokenizer.model",), ("vocab.txt",)]
+
+
+def check_files(path: str, name: str, flag: str):
+    """A model directory's files read as what they claim to be, without loading a weight: config.json and
+    tokenizer.json parse, a tokenizer is there beyond its config, every safetensors header parses and covers
+    its file (a truncated download), every shard an index names is there. One line naming the file."""
+    def bad(file, why):
+        sys.exit(f"{flag} {name}: {file}: {why}")
+    files = set(os.listdir(path))
+    for file in ("config.json", "tokenizer.json", "model.safetensors.index.json"):
+        if file in files and not isinstance(_json(os.path.join(path, file)), dict):
+            bad(file, "not a JSON object (truncated or damaged?)")
+    if not any(set(kind) <= files for kind in TOKENIZER_FILES):
+        sys.exit(f"{flag} {name}: an incomplete tokenizer: none of "
+                 f"{', '.join(' + '.join(kind) for kind in TOKENIZER_FILES)} in this directory")
+    index = _json(os.path.join(path, "model.safetensors.index.json")) or {}
+    for shard in sorted(set((index.get("weight_map") or {}).values()) - files):
+        bad("model.safetensors.index.json", f"names the shard {shard}, which is not in this directory")
+    from safetensors import safe_open
+    for file in sorted(f for f in files if f.endswith(".safetensors")):
+        try:
+            with safe_open(os.path.join(path, file), framework="pt"):
+                pass
+        except Exception as e:  # a SafetensorError, or an OSError
+            bad(file, f"not a readable safetensors file ({_first_line(e)})")
+
+
+def check_gguf(file: str, name: str, flag: str):
+    """A GGUF file that reads as one (its header, and every tensor within the file's length), before the minute
+    that transformers takes to de-quantise it."""
+    where = "" if os.path.abspath(file) == os.path.abspath(os.path.expanduser(name)) else f"{file}: "
+    with open(file, "rb") as f:
+        if f.read(4) != b"GGUF":
+            sys.exit(f"{flag} {name}: {where}not a GGUF file (it does not begin with the bytes GGUF)")
+    from gguf import GGUFReader
+    try:
+        GGUFReader(file)
+    except Exception as e:  # a truncated file fails in numpy's reshape, a damaged header anywhere
+        sys.exit(f"{flag} {name}: {where}a truncated or damaged GGUF file ({type(e).__name__}: {_first_line(e)})")
+
+
+def check_finite(model, name: str, flag: str = "--model"):
+    """Weights that hold NaN or infinity fail later, deep inside sampling: say so now, naming the parameter."""
+    for param, p in model.named_parameters():
+        if not torch.isfinite(p).all():
+            sys.exit(f"{flag} {name}: parameter {param} holds NaN or infinite values")
+
+
+def _json(path: str):
+    try:
+        with open(path, "rb") as f:
+            return json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def load_config(name: str, flag: str = "--model"):
@@ -253,6 +319,7 @@ def load_config(name: str, flag: str = "--model"):
         name = os.path.join(CACHE_DIR, name)  # already converted
     elif gguf_location(name, flag):
         directory, file = gguf_location(name, flag)
+        check_gguf(os.path.join(directory, file), name, flag)
         return AutoConfig.from_pretrained(directory, gguf_file=file)
     check_path(name, flag, config_only=True)
     try:
@@ -286,6 +353,8 @@ def load_model(name: str, flag: str = "--model", world=None):
         where = "a local directory that could not be loaded" if os.path.isdir(path) else \
             "not a local directory, and it could not be loaded from the hub (offline machine?)"
         sys.exit(f"{flag} {name}: {where}: {str(e).splitlines()[0]}")
+    except Exception as e:  # damaged files the checks above did not see (a *.bin pickle, a tokenizer's contents)
+        sys.exit(f"{flag} {name}: could not be loaded ({type(e).__name__}: {_first_line(e)})")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok, name

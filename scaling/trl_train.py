@@ -11,6 +11,7 @@ are GRPOConfig's own names (--learning_rate, --num_generations, --max_completion
 train.py's tiny defaults where TRL's differ (set below, DEFAULTS), plus the few of this script (ScriptArguments).
 The held-out evaluation is train.py's: greedy, the same problems, evaluate.score, before and after training.
 """
+import math
 import os
 import random
 import sys
@@ -25,6 +26,7 @@ from datasets import Dataset  # noqa: E402
 from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
+import config  # noqa: E402
 import data  # noqa: E402
 import evaluate  # noqa: E402
 from infra import models  # noqa: E402
@@ -66,7 +68,11 @@ def parse(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     p = HfArgumentParser((ScriptArguments, GRPOConfig))
     p.set_defaults(**DEFAULTS)
-    script, cfg = p.parse_args_into_dataclasses(argv)
+    check(p.parse_args(argv))
+    try:
+        script, cfg = p.parse_args_into_dataclasses(argv)
+    except ValueError as e:  # GRPOConfig's own checks of how its settings combine
+        raise SystemExit(f"GRPOConfig: {str(e).strip().splitlines()[0]}") from None
     args = trl_grpo.rule_args(script.method, group_size=cfg.num_generations, max_new_tokens=cfg.max_completion_length,
                               device="cpu", bf16=cfg.bf16, scale_rewards=cfg.scale_rewards, flags=script.method_flags,
                               model=script.model, dataset=script.dataset)
@@ -75,6 +81,34 @@ def parse(argv=None):
         if k not in given:
             setattr(cfg, k, v)
     return script, cfg, args
+
+
+def check(ns):
+    """The settings checked before anything loads, each failure one line naming the flag (TRL checks some only once
+    training starts, or with a traceback, and its usage runs to hundreds of lines): no number that is not finite,
+    a group of at least two rollouts, a learning rate as train.py's, every count at least 1, and a batch of rollouts
+    per generation that whole groups fill (per_device_train_batch_size x gradient_accumulation_steps x processes)."""
+    for name, value in sorted(vars(ns).items()):
+        if isinstance(value, float) and not math.isfinite(value):
+            sys.exit(f"--{name} {value}: not a finite number")
+    counts = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length",
+              "eval_every", "eval_limit", "eval_batch_size")
+    for name in counts:
+        if getattr(ns, name) < 1:
+            sys.exit(f"--{name} {getattr(ns, name)}: must be at least 1")
+    if config.threads_problem(ns.threads):
+        sys.exit(f"--threads {ns.threads}: {config.threads_problem(ns.threads)}")
+    if ns.num_generations < 2:
+        sys.exit(f"--num_generations {ns.num_generations}: must be at least 2 (G1 compares rollouts within a group)")
+    if not 0 < ns.learning_rate <= config.MAX_LR:
+        sys.exit(f"--learning_rate {ns.learning_rate}: must be greater than 0 and at most {config.MAX_LR}")
+    if not ns.temperature >= config.MIN_TEMPERATURE:
+        sys.exit(f"--temperature {ns.temperature}: must be at least {config.MIN_TEMPERATURE}")
+    rollouts = ns.per_device_train_batch_size * ns.gradient_accumulation_steps * int(os.environ.get("WORLD_SIZE", 1))
+    if rollouts % ns.num_generations:
+        sys.exit(f"--per_device_train_batch_size {ns.per_device_train_batch_size} x --gradient_accumulation_steps "
+                 f"{ns.gradient_accumulation_steps} x {os.environ.get('WORLD_SIZE', 1)} processes = {rollouts} "
+                 f"rollouts: not whole groups of --num_generations {ns.num_generations}")
 
 
 def problems(script, cfg, tokenizer, n_train: int):

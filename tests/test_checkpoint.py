@@ -1,4 +1,7 @@
 """checkpoint.py and train.py's guards: nothing lost to a kill, a damaged file, a second run or a NaN."""
+import copy
+import errno
+import gc
 import json
 import os
 import subprocess
@@ -24,6 +27,17 @@ def read(path):
 def steps_of(run_dir):
     return [(r["step"], r["reward_mean"], r["response_len"]) for r in read(os.path.join(run_dir, "metrics.jsonl"))
             if "reward_mean" in r]
+
+
+def refused(argv) -> str:
+    """train.main(argv)'s one-line exit message. Its traceback, and with it the run's lock, goes with this frame,
+    as when a process exits."""
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    message = str(e.value.code)
+    del e
+    gc.collect()
+    return message
 
 
 class Killed(BaseException):
@@ -58,13 +72,15 @@ def test_a_kill_during_the_swap_keeps_a_checkpoint_to_resume_from(base, tmp_path
         with pytest.raises(Killed):  # the step-4 checkpoint's swap dies halfway
             train.main(["--steps", "4", "--save-every", "2", "--resume", "--run-dir", run_dir, *SMALL])
     names = sorted(os.listdir(run_dir))
-    # kill_at 1: checkpoint (step 2) untouched; kill_at 2: it moved to checkpoint.prev, the new one is still tmp
+    # kill_at 1: checkpoint (step 2) untouched; kill_at 2: it moved to checkpoint.prev; the new one is complete in tmp
     assert ("checkpoint" in names) == (kill_at == 1) and ("checkpoint.prev" in names) == (kill_at == 2)
     found = checkpoint.find(run_dir)
-    assert checkpoint.load_state(found)["step"] == 2
+    assert found.endswith("checkpoint.tmp") and checkpoint.load_state(found)["step"] == 4  # not left unused
     train.main(["--steps", "4", "--save-every", "2", "--resume", "--run-dir", run_dir, *SMALL])
-    assert steps_of(run_dir) == pytest.approx(steps_of(full))  # same problems, same rewards as the run never killed
-    assert sorted(os.listdir(run_dir)) == sorted(os.listdir(full))  # prev and tmp are gone
+    assert steps_of(run_dir) == steps_of(full)  # same problems, same rewards as the run never killed
+    assert sorted(os.listdir(run_dir)) == sorted(os.listdir(full))  # the swap finished: tmp is gone
+    assert [checkpoint.load_state(os.path.join(run_dir, n))["step"] for n in ("checkpoint", "checkpoint.prev")] == \
+        [4, 2]
 
 
 def test_a_kill_while_writing_the_new_checkpoint_leaves_the_old_one(base, tmp_path, monkeypatch):
@@ -77,6 +93,100 @@ def test_a_kill_while_writing_the_new_checkpoint_leaves_the_old_one(base, tmp_pa
             checkpoint.save(run_dir, model, tok, {"step": 2})
     assert checkpoint.find(run_dir) == os.path.join(run_dir, "checkpoint")
     assert checkpoint.load_state(checkpoint.find(run_dir))["step"] == 1
+
+
+# ---- a full disk, a folder that cannot be written ------------------------------------------------------------------
+
+def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+class SafetensorError(Exception):
+    """What safetensors raises on a full disk (not an OSError)."""
+
+
+def fail_at_second(real, error):
+    """real, failing with `error` from its second call on (the step-4 save of a run saving every 2 steps)."""
+    calls = {"n": 0}
+
+    def writer(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] >= 2:
+            raise type(error)(*error.args)  # a new one: a raised one keeps the run's frames (and its lock) alive
+        return real(*args, **kwargs)
+    return writer
+
+
+@pytest.mark.parametrize("writer, error", [
+    ("torch.save", RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")),
+    ("model", SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")),
+    ("tokenizer", OSError(errno.ENOSPC, "No space left on device")),
+])
+def test_a_full_disk_at_a_save_is_one_line_and_keeps_the_last_checkpoint(base, tmp_path, monkeypatch, writer,
+                                                                           error):
+    run_dir = str(tmp_path / "run")
+    with monkeypatch.context() as m:
+        if writer == "torch.save":
+            m.setattr(checkpoint.torch, "save", fail_at_second(torch.save, error))
+        else:
+            cls = type(base[0]) if writer == "model" else type(base[1])
+            m.setattr(cls, "save_pretrained", fail_at_second(cls.save_pretrained, error))
+        message = refused(["--steps", "4", "--save-every", "2", "--run-dir", run_dir, *SMALL])
+    assert "\n" not in message and "the checkpoint of step 4 could not be written" in message
+    assert message.endswith(f"{run_dir}/checkpoint (step 2) is intact: --resume continues from it")
+    assert sorted(os.listdir(run_dir)) == [".lock", "checkpoint", "metrics.jsonl", "run.json"]  # no half-written tmp
+    train.main(["--steps", "4", "--save-every", "2", "--resume", "--run-dir", run_dir, *SMALL])
+    assert checkpoint.load_state(checkpoint.find(run_dir))["step"] == 4
+
+
+def test_a_checkpoint_folder_made_unwritable_fails_at_the_next_save_in_one_line(base, tmp_path, monkeypatch):
+    run_dir = str(tmp_path / "run")
+    real = os.replace
+
+    def replace(src, dst):  # as a chmod of checkpoint/ by another user does (root is not stopped by permissions)
+        if os.path.basename(src) == checkpoint.CHECKPOINT:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), src)
+        return real(src, dst)
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint.os, "replace", replace)
+        message = refused(["--steps", "4", "--save-every", "2", "--run-dir", run_dir, *SMALL])
+    assert message == (f"{run_dir}/checkpoint: the checkpoint of step 4 is complete in {run_dir}/"
+                                 f"checkpoint.tmp but could not be moved in (Permission denied); --resume takes it "
+                                 f"from there")
+    train.main(["--steps", "4", "--save-every", "2", "--resume", "--run-dir", run_dir, *SMALL])  # nothing to redo
+    assert [checkpoint.load_state(os.path.join(run_dir, n))["step"] for n in ("checkpoint", "checkpoint.prev")] == \
+        [4, 2]
+
+
+def test_a_full_disk_at_a_metrics_line_is_one_line(base, tmp_path, monkeypatch):
+    run_dir = str(tmp_path / "run")
+    train.main(["--steps", "1", "--save-every", "1", "--run-dir", run_dir, *SMALL])
+    metrics = os.path.join(run_dir, "metrics.jsonl")
+    before = open(metrics).read()
+    monkeypatch.setattr(checkpoint, "open", lambda path, mode="r", *a, **k: no_space() if mode == "a" else
+                        open(path, mode, *a, **k), raising=False)  # shadows the builtin inside checkpoint.py
+    with pytest.raises(SystemExit) as e:
+        train.main(["--steps", "2", "--resume", "--run-dir", run_dir, *SMALL])
+    assert str(e.value.code) == (f"{metrics}: cannot append the record of step 2 (No space left on device); "
+                                 f"--resume continues from the last checkpoint")
+    assert open(metrics).read() == before
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "a read-only parent"])
+def test_a_run_directory_that_cannot_be_written_fails_before_the_model_loads(tmp_path, monkeypatch, where):
+    monkeypatch.setattr(train.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "file").write_text("x")
+    run_dir = {"a file": tmp_path / "file", "under a file": tmp_path / "file" / "run",
+               "a read-only parent": tmp_path / "ro" / "run"}[where]
+    if where == "a read-only parent":  # root ignores a chmod: the mkdir fails as it would there
+        monkeypatch.setattr(checkpoint.os, "mkdir", lambda path, *a: (_ for _ in ()).throw(
+            PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)))
+    with pytest.raises(SystemExit) as e:
+        train.main(["--steps", "1", "--run-dir", str(run_dir), *SMALL])
+    expect = {"a file": f"{tmp_path}/file is a file, not a folder", "under a file": f"{tmp_path}/file is a file, "
+              f"not a folder", "a read-only parent": "cannot write there (Permission denied)"}[where]
+    assert str(e.value.code) == f"--run-dir {run_dir}: {expect}"
+    assert sorted(os.listdir(tmp_path)) == ["file"]  # nothing left behind
 
 
 # ---- damaged files --------------------------------------------------------------------------------------------------
@@ -130,15 +240,68 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(base, tmp_path, cap
     assert "state.pt" in capsys.readouterr().out
 
 
-def test_weights_that_are_not_finite_are_refused(base, tmp_path):
-    model, _ = base
+def test_the_previous_checkpoint_is_kept_after_every_save(base, tmp_path, capsys):
+    model, tok = base
+    run_dir = str(tmp_path)
+    for step in (1, 2, 3):
+        checkpoint.save(run_dir, model, tok, {"step": step})
+        assert checkpoint.load_state(os.path.join(run_dir, "checkpoint"))["step"] == step
+        assert step == 1 or checkpoint.load_state(os.path.join(run_dir, "checkpoint.prev"))["step"] == step - 1
+    assert sorted(os.listdir(run_dir)) == ["checkpoint", "checkpoint.prev"]  # two at rest, never more
+    flip_a_byte(os.path.join(run_dir, "checkpoint", "model.safetensors"))
+    assert checkpoint.load_state(checkpoint.find(run_dir))["step"] == 2
+    assert "model.safetensors: its contents changed" in capsys.readouterr().out
+    # resumed from step 2 because step 3 is damaged (truncated: a save sees that much without reading every byte)
+    truncate(os.path.join(run_dir, "checkpoint", "state.pt"))
+    checkpoint.save(run_dir, model, tok, {"step": 4})  # the damaged one goes, the complete one stays the previous
+    assert [checkpoint.load_state(os.path.join(run_dir, n))["step"] for n in ("checkpoint", "checkpoint.prev")] == \
+        [4, 2]
+
+
+def nan_model(base, where):
+    """The tiny base model saved to `where` with one NaN weight."""
+    model, tok = base
     broken = type(model)(model.config)
     broken.load_state_dict(model.state_dict())
     with torch.no_grad():
         broken.model.norm.weight[0] = float("nan")
+    broken.save_pretrained(where)
+    tok.save_pretrained(where)
+    return str(where)
+
+
+def test_weights_that_are_not_finite_are_refused(base, tmp_path):
+    path = nan_model(base, tmp_path / "nan")
+    with pytest.raises(SystemExit) as e:  # the base model, before a step samples from it
+        train.main(["--model", path, "--steps", "1", "--run-dir", str(tmp_path / "run"), *SMALL])
+    assert str(e.value.code) == f"--model {path}: parameter model.norm.weight holds NaN or infinite values"
+    run_dir = str(tmp_path / "resumed")  # and a checkpoint, on resume
+    train.main(["--steps", "1", "--run-dir", run_dir, *SMALL])
+    os.replace(os.path.join(path, "model.safetensors"), os.path.join(run_dir, "checkpoint", "model.safetensors"))
+    manifest = json.load(open(os.path.join(run_dir, "checkpoint", "manifest.json")))
+    del manifest["files"]["model.safetensors"]  # as if it had been saved so
+    json.dump(manifest, open(os.path.join(run_dir, "checkpoint", "manifest.json"), "w"))
     with pytest.raises(SystemExit) as e:
-        checkpoint.check_finite(broken, "ckpt")
-    assert "model.norm.weight" in str(e.value.code)
+        train.main(["--steps", "2", "--resume", "--run-dir", run_dir, *SMALL])
+    assert str(e.value.code).endswith("checkpoint: parameter model.norm.weight holds NaN or infinite values")
+
+
+def test_a_manifest_or_run_json_of_the_wrong_shape_is_one_line(base, tmp_path):
+    model, tok = base
+    run_dir = str(tmp_path)
+    checkpoint.save(run_dir, model, tok, {"step": 1})
+    with open(os.path.join(run_dir, "checkpoint", "manifest.json"), "w") as f:
+        f.write("[]")  # JSON, but not a manifest
+    with pytest.raises(SystemExit) as e:
+        checkpoint.find(run_dir)
+    assert str(e.value.code).startswith("--resume: no usable checkpoint") and "no readable manifest.json" in \
+        str(e.value.code)
+    with open(os.path.join(run_dir, "run.json"), "w") as f:
+        f.write("[1]")
+    args = config.parse_args(["--run-dir", run_dir])
+    with pytest.raises(SystemExit) as e:
+        checkpoint.check(run_dir, args, resume=False, overwrite=False)
+    assert str(e.value.code).startswith(f"--run-dir {run_dir} holds a run: pass --resume")
 
 
 def test_metrics_survive_a_partial_last_line_and_a_missing_file(base, tmp_path, capsys):
@@ -175,6 +338,38 @@ def test_a_new_run_refuses_a_directory_holding_a_run(base, tmp_path):
     assert len([r for r in read(os.path.join(run_dir, "metrics.jsonl")) if "reward_mean" in r]) == 1
 
 
+@pytest.mark.parametrize("damage", ["deleted", "{broken", "[]"])
+def test_resume_without_a_readable_run_json_asks_the_checkpoint(base, tmp_path, damage):
+    run_dir = str(tmp_path / "run")
+    train.main(["--steps", "1", "--run-dir", run_dir, *SMALL])
+    info = os.path.join(run_dir, "run.json")
+    os.remove(info) if damage == "deleted" else open(info, "w").write(damage)
+    message = refused(["--method", "ktae", "--steps", "2", "--resume", "--run-dir", run_dir, *SMALL])
+    assert message.startswith(f"--resume: {run_dir} is a run with --method grpo, not ktae")
+    assert os.path.exists(info) == (damage != "deleted") and (damage == "deleted" or open(info).read() == damage)
+    train.main(["--steps", "2", "--resume", "--run-dir", run_dir, *SMALL])  # the same method continues
+    assert json.load(open(info))["method"] == "grpo" and steps_of(run_dir)[-1][0] == 2
+
+
+def test_two_runs_started_together_into_one_directory_one_refuses(tmp_path):
+    # both checked the empty directory before either claimed it (each was loading its model)
+    run_dir = str(tmp_path / "run")
+    first, second = (config.parse_args(["--run-dir", run_dir, "--method", m]) for m in ("grpo", "ktae"))
+    for args in (first, second):
+        checkpoint.check(run_dir, args, resume=False, overwrite=False)
+    lock = checkpoint.claim(run_dir, first, resume=False, overwrite=False)
+    with pytest.raises(SystemExit) as e:  # the first is still writing
+        checkpoint.claim(run_dir, second, resume=False, overwrite=False)
+    assert "another run is writing there now" in str(e.value.code)
+    checkpoint.append_metrics(os.path.join(run_dir, "metrics.jsonl"), {"step": 0, "eval_accuracy": 0.5})
+    checkpoint.write_info(run_dir, first, finished=True)
+    lock.close()  # the first has finished: the second must still not write into its directory
+    with pytest.raises(SystemExit) as e:
+        checkpoint.claim(run_dir, second, resume=False, overwrite=False)
+    assert str(e.value.code).startswith(f"--run-dir {run_dir} holds a finished grpo run")
+    assert json.load(open(os.path.join(run_dir, "run.json")))["method"] == "grpo"
+
+
 def test_a_second_run_cannot_write_into_a_locked_directory(tmp_path):
     args = config.parse_args(["--run-dir", str(tmp_path)])
     lock = checkpoint.claim(str(tmp_path), args, resume=False, overwrite=False)
@@ -205,6 +400,53 @@ def test_a_nan_step_is_skipped_and_counted(base, tmp_path, monkeypatch):
     for name, p in model.state_dict().items():
         if name in weights:
             assert torch.equal(weights[name], p), name  # the weights are the base model's, untouched
+
+
+@pytest.mark.parametrize("lr, grad", [(1e-3, 1e30), (1e39, 1.0)])
+def test_an_update_that_overflows_is_undone_bit_for_bit(base, lr, grad):
+    # finite gradients both: 1e30 squared is past float32's 3.4e38 in AdamW's second moment; at lr 1e39 the step
+    # size is (torch raises, after updating the moments in place)
+    model = type(base[0])(base[0].config)
+    model.load_state_dict(base[0].state_dict())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
+
+    def step(lr, grad):
+        optimizer.param_groups[0]["lr"] = lr
+        for p in model.parameters():
+            p.grad = torch.full_like(p, grad)
+        return train.step_if_finite(optimizer)
+    before = copy.deepcopy(model.state_dict())
+    assert not step(lr, grad)  # the first step: AdamW has no state yet, and must have none after
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and not optimizer.state
+    assert step(1e-3, 1.0)  # a sane step is kept, moments and all
+    kept = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+    assert not step(lr, grad)
+    assert all(torch.equal(kept[0][k], v) for k, v in model.state_dict().items())
+    for i, state in optimizer.state_dict()["state"].items():
+        assert all(torch.equal(kept[1]["state"][i][k], v) for k, v in state.items())  # the step count too
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")
+def test_a_run_whose_learning_rate_overflows_the_weights_keeps_them_finite(base, tmp_path, monkeypatch):
+    real = torch.optim.AdamW  # --lr is at most 1; the guard must hold even where that check is bypassed
+    monkeypatch.setattr(train.torch.optim, "AdamW", lambda params, **kw: real(params, **{**kw, "lr": 1e39}))
+    run_dir = str(tmp_path / "run")
+    train.main(["--steps", "2", "--warmup-steps", "0", "--run-dir", run_dir, *SMALL])
+    steps = [r for r in read(os.path.join(run_dir, "metrics.jsonl")) if "reward_mean" in r]
+    assert steps[0]["nonfinite_updates"] == 1  # (a step where every group agrees has no gradient, no update)
+    from safetensors.torch import load_file
+    weights = load_file(os.path.join(run_dir, "checkpoint", "model.safetensors"))
+    assert all(torch.equal(weights[k], v) for k, v in base[0].state_dict().items() if k in weights)
+
+
+def test_a_warning_given_before_a_kill_is_not_given_again(base, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(logbook, "DEGENERATE_WINDOW", 2)
+    monkeypatch.setattr(reward, "is_correct", lambda *a, **k: False)  # every answer wrong: warned at step 2
+    run_dir = str(tmp_path / "run")
+    train.main(["--steps", "3", "--save-every", "1", "--run-dir", run_dir, *SMALL])
+    train.main(["--steps", "5", "--save-every", "1", "--resume", "--run-dir", run_dir, *SMALL])
+    warned = [r["step"] for r in read(os.path.join(run_dir, "metrics.jsonl")) if "warnings" in r]
+    assert warned == [2] and capsys.readouterr().out.count("every sampled answer was wrong") == 1
 
 
 def test_finite_or_none_writes_null_for_undefined_values():
@@ -250,15 +492,36 @@ def test_degenerate_runs_are_warned_about():
     (["--max-new-tokens", "0"], "--max-new-tokens 0"), (["--micro-batch-size", "0"], "--micro-batch-size 0"),
     (["--prompts-per-step", "0"], "--prompts-per-step 0"), (["--oar-q", "2"], "--oar-q 2.0"),
     (["--method", "ktae", "--ktae-alpha", "0", "--ktae-beta", "0"], "--ktae-alpha 0 --ktae-beta 0"),
-    (["--lr", "nan"], "--lr nan"), (["--temperature", "0"], "--temperature 0.0"), (["--mu", "0"], "--mu 0"),
+    (["--lr", "nan"], "--lr: nan: not a finite number"), (["--temperature", "0"], "--temperature 0.0"),
+    (["--mu", "0"], "--mu 0"),
     (["--overlong-buffer", "48"], "--overlong-buffer 48"), (["--resume", "--overwrite"], "--resume and --overwrite"),
     (["--dual-clip", "1"], "--dual-clip 1.0"), (["--method", "dapo+ktae", "--ktae-alpha", "0", "--ktae-beta", "0"],
                                                "--ktae-alpha 0 --ktae-beta 0"),
+    # numbers that are not finite, or far outside any setting's range
+    (["--lr", "inf"], "--lr: inf: not a finite number"), (["--lr", "1e400"], "--lr: 1e400: not a finite number"),
+    (["--lr", "2"], "--lr 2.0: must be at most 1.0"), (["--temperature", "1e-40"], "--temperature 1e-40: must be at "
+                                                                                  "least 0.001"),
+    (["--grad-clip", "inf"], "--grad-clip: inf"), (["--beta", "nan"], "--beta: nan"),
+    (["--eps-high", "inf"], "--eps-high: inf"), (["--max-minutes", "inf"], "--max-minutes: inf"),
+    (["--ktae-top=-inf"], "--ktae-top: -inf"), (["--gpu-memory", "1e999"], "--gpu-memory: 1e999"),
+    (["--seed", "-1"], "--seed -1: must be at least 0"), (["--seed", str(2 ** 70)], f"--seed {2 ** 70}"),
+    # the shared flags (config.check_shared, evaluate.py's too)
+    (["--device", "bogus"], "--device bogus: not a device torch knows"), (["--threads", "0"], "--threads 0"),
+    (["--threads", "1000000"], "--threads 1000000: must be at least 1 and at most this machine's"),
+    (["--run-dir", ""], "--run-dir '': empty"), (["--model", " "], "--model ' ': empty"),
 ])
 def test_bad_flags_are_argparse_errors_naming_the_flag(capsys, flags, named):
     with pytest.raises(SystemExit) as e:
         config.parse_args(flags)
     assert e.value.code == 2 and named in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_a_cuda_device_on_a_machine_without_one_is_one_argparse_line(capsys):
+    for flags in (["--device", "cuda"], ["--device", "cuda:1"]):
+        with pytest.raises(SystemExit) as e:
+            config.parse_args(flags)
+        assert e.value.code == 2 and f"{flags[1]}: no CUDA device is visible" in capsys.readouterr().err
 
 
 def run(*args, **env):

@@ -133,6 +133,33 @@ def test_read_jsonl_broken_json_blank_lines_non_objects_and_bom(tmp_path):
     assert notes == {data.BLANK_LINES: 2, data.BOM_REMOVED: 1}  # blank lines counted, the final newline is not one
 
 
+def test_rows_that_break_the_json_reader_or_a_float_cost_their_line_only(tmp_path):
+    # before: RecursionError, OverflowError (int -> float) and ValueError (int -> str) each stopped the whole file,
+    # and NaN / Infinity / 1e400 became the gold answers "nan" / "inf"
+    path = tmp_path / "hostile.jsonl"
+    rows = [_row(), b'{"question": "deep?", "answer": "1", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+            b'{"question": "big?", "answer": ' + b"9" * 400 + b"}", b'{"question": "huge?", "answer": ' + b"9" * 5000
+            + b"}", b'{"question": "nan?", "answer": NaN}', b'{"question": "inf?", "answer": -Infinity}',
+            b'{"question": "1e400?", "answer": 1e400}', b'{"question": "list?", "final_answer": [1, NaN]}',
+            b'{"question": "1e300?", "answer": 1e300}', b'{"question": "number?", "final_answer": 5}',
+            _row("4+4?", "8")]
+    path.write_bytes(b"\n".join(rows) + b"\n")
+    problems, skipped = data.load(str(path))
+    assert [(p["where"].rsplit(":", 1)[1], p["answer"]) for p in problems] == [
+        ("1", "2"), ("3", "9" * 400), ("9", "1e+300"), ("10", "5"), ("11", "8")]  # 1e300 is no 301-digit integer
+    assert skipped == [f"{path}:2: broken JSON (nested too deeply to read)",
+                       f"{path}:4: broken JSON (Exceeds the limit (4300 digits) for integer string conversion)",
+                       *(f"{path}:{i}: {data.NOT_FINITE}" for i in (5, 6, 7, 8))]
+
+
+def test_a_run_with_no_usable_held_out_problem_stops_in_one_line(tmp_path):
+    path = tmp_path / "words.jsonl"
+    path.write_text('{"question": "What is two plus two?", "answer": "four"}\n{"question": "no answer"}\n')
+    with pytest.raises(SystemExit) as e:  # before: every evaluation of the run was of 0 problems, "accuracy 0.000"
+        data.run_problems("tiny", str(path), tiny.build_tokenizer())
+    assert str(e.value.code) == f"--eval-dataset {path}: no usable problem"
+
+
 def test_parse_line_says_why():
     assert data.parse_line(_row()) == ({"question": "1+1?", "answer": "#### 2"}, None)
     assert data.parse_line(b'{"a": "\xff"}')[1].startswith("undecodable bytes (byte 8 of the line")

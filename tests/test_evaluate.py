@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 import evaluate
 from toyworld import tiny
@@ -99,3 +100,56 @@ def test_a_missing_file_fails_in_one_line_before_the_model_loads(tmp_path, capsy
     with pytest.raises(SystemExit):
         evaluate.main(["--benchmarks", f"tiny,{tmp_path}/gone.jsonl"])
     assert f"--benchmarks {tmp_path}/gone.jsonl: not found (no file {tmp_path}/gone.jsonl)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--limit", "0"], "--limit 0: must be at least 1"), (["--limit", "-1"], "--limit -1: must be at least 1"),
+    (["--batch-size", "0"], "--batch-size 0"), (["--max-new-tokens", "0"], "--max-new-tokens 0"),
+    (["--k", "0"], "--k 0: must be at least 1"), (["--k", "2", "--temperature", "0"], "--temperature 0.0: must be"),
+    (["--k", "2", "--temperature", "nan"], "--temperature: nan: not a finite number"),
+    (["--temperature", "inf"], "--temperature: inf: not a finite number"), (["--seed", "-3"], "--seed -3"),
+    (["--benchmarks", ","], "--benchmarks ',': names no benchmark"), (["--device", "bogus"], "--device bogus"),
+    (["--threads", "0"], "--threads 0"), (["--out", "TMP"], "--out TMP: a folder; name a .json file"),
+    (["--out", "TMP/file/eval.json"], "--out TMP/file: TMP/file is a file, not a folder"),
+])
+def test_bad_flags_are_one_argparse_line_before_the_model_loads(tmp_path, monkeypatch, capsys, flags, named):
+    monkeypatch.setattr(evaluate.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--benchmarks", "tiny", *(f.replace("TMP", str(tmp_path)) for f in flags)])
+    assert e.value.code == 2 and named.replace("TMP", str(tmp_path)) in capsys.readouterr().err
+
+
+def test_weights_that_are_not_finite_are_one_line(base, tmp_path):
+    model, tok = base
+    broken = type(model)(model.config)
+    broken.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        broken.lm_head.weight[3, 0] = float("inf")  # tied: the embedding's too
+    broken.save_pretrained(tmp_path / "inf")
+    tok.save_pretrained(tmp_path / "inf")
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--model", str(tmp_path / "inf"), "--benchmarks", "tiny", "--limit", "2", "--out",
+                       str(tmp_path / "e.json")])
+    assert str(e.value.code) == f"--model {tmp_path}/inf: parameter model.embed_tokens.weight holds NaN or infinite " \
+                                f"values"
+    assert not (tmp_path / "e.json").exists()
+
+
+def test_a_benchmark_with_no_usable_problem_fails_before_the_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluate.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"question": "no answer"}\n{broken\n')
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--benchmarks", f"tiny,{path}", "--out", str(tmp_path / "e.json")])
+    assert str(e.value.code) == f"--benchmarks {path}: no usable problem: {path}:1: no answer (fields `answer`, " \
+                                f"`final_answer`, or a \\boxed{{}} in `solution`) (and 1 more rows skipped)"
+
+
+def test_a_benchmark_the_tokenizer_cannot_encode_fails_before_any_is_evaluated(base, tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluate, "score", lambda *a, **k: pytest.fail("a benchmark was evaluated"))
+    path = tmp_path / "words.jsonl"
+    path.write_text('{"question": "What is two plus two?", "answer": "four"}\n')
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--benchmarks", f"tiny,{path}", "--out", str(tmp_path / "e.json")])
+    assert str(e.value.code).startswith(f"--benchmarks {path}: no problem the tokenizer can encode: {path}:1: ")

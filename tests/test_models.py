@@ -1,6 +1,6 @@
 """What --model NAME means (models.py), decided before anything loads: the packaged alias, a GGUF file, a directory
-holding one, an HF directory, a hub name; and the one-line errors when the package or the `gguf` reader is missing.
-Nothing here loads a model (tests/test_smollm2.py loads the real one)."""
+holding one, an HF directory, a hub name; and the one-line errors when the package or the `gguf` reader is missing,
+or a file is damaged. Nothing here loads a model but a damaged one (tests/test_smollm2.py loads the real one)."""
 import importlib.util
 import os
 
@@ -16,9 +16,22 @@ def gguf_dir(tmp_path, *names):
     return tmp_path
 
 
+def small_gguf(path):
+    """A real GGUF file of one 8 x 8 float32 tensor (384 bytes)."""
+    gguf = pytest.importorskip("gguf", reason="writing a GGUF file needs the gguf package")
+    import numpy as np
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("t", np.arange(64, dtype=np.float32).reshape(8, 8))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def test_a_gguf_file_and_a_directory_holding_one(tmp_path, monkeypatch):
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # as if `gguf` were installed
-    d = gguf_dir(tmp_path, "m.Q4_1.gguf")
+    d = tmp_path
+    small_gguf(d / "m.Q4_1.gguf")
     assert models.gguf_location(str(d / "m.Q4_1.gguf")) == (str(d), "m.Q4_1.gguf")
     assert models.gguf_location(str(d)) == (str(d), "m.Q4_1.gguf")
     assert not models.is_hub_name(str(d / "m.Q4_1.gguf")) and not models.is_hub_name("smollm2-135m")
@@ -168,3 +181,75 @@ def test_an_interrupted_assembly_or_conversion_leaves_nothing_that_is_used(tmp_p
     with pytest.raises(KeyboardInterrupt):
         models.packaged_directory("parted")
     assert os.listdir(tmp_path / "cache") == ["parted.gguf"]  # no directory "parted", complete or not
+
+def hf_dir(base, path):
+    model, tok = base
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def overwrite(path, offset, data):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+def shard_index(d):
+    (d / "model.safetensors.index.json").write_text('{"weight_map": {"lm_head.weight": "model-00002.safetensors"}}')
+
+
+DAMAGE = {  # how, and the end of the one line it must give (each names the file)
+    "safetensors header": (lambda d: overwrite(d / "model.safetensors", 8, b"\xff\xfe not JSON"),
+                           "model.safetensors: not a readable safetensors file (Error while deserializing header: "),
+    "safetensors truncated": (lambda d: os.truncate(d / "model.safetensors", 20000),
+                              "model.safetensors: not a readable safetensors file (Error while deserializing header: "
+                              "incomplete metadata, file not fully covered)"),
+    "tokenizer config alone": (lambda d: os.remove(d / "tokenizer.json"),
+                               "an incomplete tokenizer: none of tokenizer.json, vocab.json + merges.txt, "
+                               "tokenizer.model, vocab.txt in this directory"),
+    "tokenizer.json truncated": (lambda d: os.truncate(d / "tokenizer.json", 100),
+                                 "tokenizer.json: not a JSON object (truncated or damaged?)"),
+    "config.json damaged": (lambda d: (d / "config.json").write_text("{\"model_type\": "),
+                            "config.json: not a JSON object (truncated or damaged?)"),
+    "a shard missing": (shard_index, "model.safetensors.index.json: names the shard model-00002.safetensors, which "
+                                     "is not in this directory"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_a_damaged_model_directory_is_one_line_before_it_loads(base, tmp_path, damage):
+    d = hf_dir(base, tmp_path / "m")
+    models.check_path(str(d))  # whole, it passes
+    how, expect = DAMAGE[damage]
+    how(d)
+    with pytest.raises(SystemExit) as e:
+        models.check_path(str(d))
+    message = str(e.value.code)
+    assert "\n" not in message and message.startswith(f"--model {d}: ") and expect in message
+
+
+@pytest.mark.parametrize("damage, expect", [
+    ("random bytes", "not a GGUF file (it does not begin with the bytes GGUF)"),
+    ("empty", "not a GGUF file (it does not begin with the bytes GGUF)"),
+    ("truncated", "a truncated or damaged GGUF file (ValueError: "),
+])
+def test_a_damaged_gguf_file_is_one_line_before_it_loads(tmp_path, damage, expect):
+    path = small_gguf(tmp_path / "m.gguf")
+    models.check_path(str(path))
+    data = path.read_bytes()
+    path.write_bytes({"random bytes": os.urandom(len(data)), "empty": b"", "truncated": data[:-10]}[damage])
+    for name, where in ((str(path), ""), (str(tmp_path), f"{path}: ")):  # the file, the folder that holds it
+        for look in (models.check_path, models.load_config):  # load_config: --dry-run's
+            with pytest.raises(SystemExit) as e:
+                look(name)
+            assert str(e.value.code).startswith(f"--model {name}: {where}{expect}"), look
+
+
+def test_weights_that_fail_to_load_are_one_line(base, tmp_path):
+    d = hf_dir(base, tmp_path / "m")
+    os.remove(d / "model.safetensors")
+    (d / "pytorch_model.bin").write_bytes(os.urandom(1000))  # a pickle no check reads before loading
+    with pytest.raises(SystemExit) as e:
+        models.load_model(str(d))
+    assert str(e.value.code).startswith(f"--model {d}: could not be loaded (") and "\n" not in str(e.value.code)

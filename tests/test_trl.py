@@ -7,7 +7,6 @@ import random
 import shutil
 import socket
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -154,6 +153,30 @@ def test_a_bad_method_or_rule_flag_is_one_line():
         with pytest.raises(SystemExit) as e:
             trl_grpo.rule_args(method, group_size=4, max_new_tokens=48, device="cpu", flags=flags)
         assert names in str(e.value.code) and "\n" not in str(e.value.code)
+
+@pytest.mark.parametrize("flags, line", [
+    (["--num_generations", "1"], "--num_generations 1: must be at least 2 (G1 compares rollouts within a group)"),
+    (["--num_generations", "0"], "--num_generations 0: must be at least 2 (G1 compares rollouts within a group)"),
+    (["--learning_rate", "inf"], "--learning_rate inf: not a finite number"),
+    (["--learning_rate", "nan"], "--learning_rate nan: not a finite number"),
+    (["--learning_rate", "1e30"], "--learning_rate 1e+30: must be greater than 0 and at most 1.0"),
+    (["--learning_rate", "0"], "--learning_rate 0.0: must be greater than 0 and at most 1.0"),
+    (["--per_device_train_batch_size", "6", "--num_generations", "4", "--gradient_accumulation_steps", "1"],
+     "--per_device_train_batch_size 6 x --gradient_accumulation_steps 1 x 1 processes = 6 rollouts: not whole "
+     "groups of --num_generations 4"),
+    (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size 0: must be at least 1"),
+    (["--eval_every", "0"], "--eval_every 0: must be at least 1"), (["--max_steps", "0"], "--max_steps 0: must be"),
+    (["--temperature", "0"], "--temperature 0.0: must be at least 0.001"),
+    (["--epsilon", "inf"], "--epsilon inf: not a finite number"), (["--threads", "0"], "--threads 0: must be"),
+])
+def test_trl_settings_are_one_line_before_the_model_loads(monkeypatch, flags, line):
+    from scaling import trl_train
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(trl_train.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(SystemExit) as e:
+        trl_train.main(flags)
+    assert str(e.value.code).startswith(line) and "\n" not in str(e.value.code)
+
 
 DRIVER = """
 import sys, torch
