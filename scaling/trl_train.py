@@ -24,12 +24,12 @@ if __package__ in (None, ""):  # run as a file (python scaling/trl_train.py): th
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
-from trl import GRPOConfig  # noqa: E402
+from trl import GRPOConfig, ModelConfig, get_peft_config  # noqa: E402
 
 import config  # noqa: E402
 import data  # noqa: E402
 import evaluate  # noqa: E402
-from infra import models  # noqa: E402
+from infra import lora, models  # noqa: E402
 from scaling import trl_grpo  # noqa: E402
 
 
@@ -59,18 +59,19 @@ DEFAULTS = dict(output_dir="runs/trl", learning_rate=5e-5, lr_scheduler_type="co
                 adam_beta2=0.99, bf16=False, gradient_checkpointing=None, beta=0.0,
                 num_generations=8, max_completion_length=48, temperature=1.0, per_device_train_batch_size=64,
                 gradient_accumulation_steps=2, max_steps=250, logging_steps=10, save_strategy="no", report_to="none",
-                seed=0, use_cpu=not torch.cuda.is_available())
+                seed=0, use_cpu=not torch.cuda.is_available(), lora_target_modules=list(lora.TARGETS))
 
 
 def parse(argv=None):
-    """(ScriptArguments, GRPOConfig, the rule's flags); the base's presets (D1 epsilon_high, G5 loss_type) fill the
-    GRPOConfig fields not given on the command line."""
+    """(ScriptArguments, GRPOConfig, the rule's flags, TRL's ModelConfig: its LoRA flags, --use_peft --lora_r ...);
+    the base's presets (D1 epsilon_high, G5 loss_type) fill the GRPOConfig fields not given on the command line.
+    LoRA's adapters go on every projection by default, as train.py's --lora-rank."""
     argv = sys.argv[1:] if argv is None else argv
-    p = HfArgumentParser((ScriptArguments, GRPOConfig))
+    p = HfArgumentParser((ScriptArguments, GRPOConfig, ModelConfig))
     p.set_defaults(**DEFAULTS)
     check(p.parse_args(argv))
     try:
-        script, cfg = p.parse_args_into_dataclasses(argv)
+        script, cfg, model_cfg = p.parse_args_into_dataclasses(argv)
     except ValueError as e:  # GRPOConfig's own checks of how its settings combine
         raise SystemExit(f"GRPOConfig: {str(e).strip().splitlines()[0]}") from None
     args = trl_grpo.rule_args(script.method, group_size=cfg.num_generations, max_new_tokens=cfg.max_completion_length,
@@ -80,7 +81,7 @@ def parse(argv=None):
     for k, v in trl_grpo.grpo_config_options(args).items():
         if k not in given:
             setattr(cfg, k, v)
-    return script, cfg, args
+    return script, cfg, args, model_cfg
 
 
 def check(ns):
@@ -141,7 +142,7 @@ class HeldOut(TrainerCallback):
 
 
 def main(argv=None):
-    script, cfg, args = parse(argv)
+    script, cfg, args, model_cfg = parse(argv)
     if script.threads:
         torch.set_num_threads(script.threads)
     if args.dynamic_sampling:
@@ -154,7 +155,7 @@ def main(argv=None):
         max(cfg.world_size, 1) // cfg.num_generations  # every problem sampled once (train.py: fresh problems)
     train, held_out = problems(script, cfg, tokenizer, n_prompts)
     trainer = trl_grpo.RuleGRPOTrainer(
-        model=model, processing_class=tokenizer, args=cfg, rule_args=args,
+        model=model, processing_class=tokenizer, args=cfg, rule_args=args, peft_config=get_peft_config(model_cfg),
         reward_funcs=trl_grpo.reward_functions(args),
         train_dataset=Dataset.from_list([{"prompt": p["prompt"], "answer": p["answer"]} for p in train]))
     main_process = trainer.accelerator.is_main_process

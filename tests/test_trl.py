@@ -19,7 +19,8 @@ import methods  # noqa: E402
 import reward  # noqa: E402
 import sample  # noqa: E402
 from toyworld import tiny  # noqa: E402
-from scaling import trl_grpo  # noqa: E402
+from infra import lora  # noqa: E402
+from scaling import trl_grpo, trl_train  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 B, G, L = 4, 8, 24  # prompts, rollouts each, max new tokens
@@ -227,3 +228,18 @@ def test_two_processes_split_a_group_and_get_one_process_advantages(base, tmp_pa
             assert_close(handed, one.tokens[rows, :handed.shape[1]], rel=1e-6, scale=one.tokens.abs().max().item()
                          or 1.0, what=f"step {step}, rank {k}")
     assert learned, "no key-token value in either step: the comparison above checked only zeros"
+
+
+@pytest.mark.parametrize("method", ["ktae", "oar-g"])
+def test_trls_own_lora_flags_train_adapters_under_every_rule(base, tmp_path, method):
+    pytest.importorskip("peft", reason="LoRA is optional: pip install -r requirements/lora.txt")
+    from safetensors.torch import load_file
+    out = tmp_path / "out"
+    trl_train.main(["--method", method, "--threads", "1", "--max_steps", "2", "--num_generations", "4",
+                    "--per_device_train_batch_size", "16", "--gradient_accumulation_steps", "1",
+                    "--max_completion_length", "24", "--eval_limit", "4", "--learning_rate", "1e-2",
+                    "--use_peft", "--lora_r", "4", "--lora_alpha", "16", "--output_dir", str(out)])
+    adapter = load_file(out / "adapter_model.safetensors")  # TRL saves the adapters alone
+    targets = {k.split(".lora_")[0].rsplit(".", 1)[-1] for k in adapter}
+    assert targets == set(lora.TARGETS)  # every projection, as train.py's --lora-rank
+    assert any(v.abs().max() > 0 for k, v in adapter.items() if "lora_B" in k)  # B starts at 0: it trained
