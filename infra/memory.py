@@ -106,12 +106,13 @@ def n_params(cfg) -> int:
 def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_new_tokens: int, micro_batch: int,
                 bf16: bool, grad_checkpointing: bool, beta: float, ref_on_cpu: bool, group_size: int = 1,
                 lora_rank: int = 0, lora_targets=lora.TARGETS, oar_chunk: int = 0, oar_gradient: bool = False,
-                chunk_tokens: int = 2048):
+                chunk_tokens: int = 2048, first_step: bool = False):
     """Bytes the RL step needs at its peak, phase by phase, as train.py runs it (memory.Peaks measures the same
     phases). Returns {phase: {item: bytes}}.
 
     What trains (every weight, or LoRA's adapters) is float32 with its gradient and AdamW's two moments (4 + 4 + 8
-    bytes a parameter); AdamW's moments exist from the first optimizer step on, and the plan is of the steps after.
+    bytes a parameter); AdamW's moments exist from the first optimizer step on, and the plan is of the steps after
+    (first_step: of the first, whose phases before its optimizer step hold no moment yet).
     Gradients are freed right after the optimizer step, so sampling does not hold them; foreach AdamW makes one
     float32 temporary the size of what trains. Full-parameter --bf16 is autocast, which holds a bf16 copy of the
     weights while a region lasts. Under LoRA the frozen base takes no gradient and no moment: with --bf16 its
@@ -142,7 +143,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
                    "adapters (float32)": 4 * n["adapters"]}
     else:
         weights = {"weights (float32)": 4 * N, **({"adapters (float32)": 4 * n["adapters"]} if lora_rank else {})}
-    states = {**weights, "AdamW moments (float32)": 8 * trains}
+    states = {**weights, **({} if first_step else {"AdamW moments (float32)": 8 * trains})}
     if beta > 0 and not ref_on_cpu and not lora_rank:
         states["reference model (bf16)" if bf16 else "reference model (float32)"] = (2 if bf16 else 4) * N
     autocast = {}  # what --bf16's autocast adds while a region lasts
@@ -179,7 +180,8 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
         f"output layer, {chunk_tokens} tokens at a time": min(chunk_tokens, micro_batch * max_new_tokens) * V
         * (3 * 4 + act),
     }
-    plan["optimizer step"] = {**states, "gradients (float32)": 4 * trains, "AdamW temporary (float32)": 4 * trains}
+    plan["optimizer step"] = {**states, "AdamW moments (float32)": 8 * trains, "gradients (float32)": 4 * trains,
+                              "AdamW temporary (float32)": 4 * trains}
     return plan
 
 
