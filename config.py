@@ -9,6 +9,7 @@ import torch
 
 import data
 import methods
+import reward
 from infra import lora, models
 
 # Bounds beyond which a float flag is not a setting but a mistake (each check says why).
@@ -35,6 +36,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-dataset", default=None, help="held-out problems (default: the data's own: tiny, chain and "
                                                         "arith their held-out sets, others math500)")
     p.add_argument("--eval-limit", type=int, default=256, help="first N held-out problems")
+    p.add_argument("--grader", choices=list(reward.GRADERS), default="math",
+                   help="what grades the sampled responses (reward.GRADERS): math, the last \\boxed{} against the "
+                        "gold answer; length-parity, a stand-in for speed benchmarks (an even number of characters "
+                        "is right, so groups mix whatever the model; tools/bench.py). The held-out evaluation always "
+                        "uses math")
     # sampling
     p.add_argument("--steps", type=int, default=400, help="RL steps (each: one batch of rollouts, --mu updates)")
     p.add_argument("--max-minutes", type=number, default=None,

@@ -291,6 +291,23 @@ def is_correct(response: str, gold: str, stats: dict = None):
     return False
 
 
+def length_parity(response: str, gold: str, stats: dict = None) -> bool:
+    """A stand-in grader for benchmarks, not a reward anyone should train for: a response is "right" when it has an
+    even number of characters, whatever the gold answer. A random-weight or weak model (a 0.5B model on GSM8K with
+    40 new tokens) gets every answer wrong, so no group mixes right and wrong, every advantage is 0, and train.py
+    skips the training pass; under this grader about half of any group is right, so nearly every group mixes and
+    a step does its full work, the same in every method (tools/bench.py). Counted in stats like is_correct."""
+    stats = stats if stats is not None else new_stats()
+    stats["graded"] += 1
+    return len(str(response)) % 2 == 0
+
+
+# --grader NAME (train.py): what grades a sampled response, (response, gold, stats) -> True / False / None. "math" is
+# the real grader, called through the module's name so that a test that replaces reward.is_correct replaces it too.
+GRADERS = {"math": lambda response, gold, stats=None: is_correct(response, gold, stats),
+           "length-parity": length_parity}
+
+
 def reward(response: str, gold: str, stats: dict = None) -> float:
     """1.0 if correct else 0.0 (EQUATIONS.md#rewards). A problem with an unparseable gold answer gets 0.0 and is
     counted in stats['gold_unparseable']; loaders drop such rows before training (evaluate.py)."""

@@ -238,7 +238,8 @@ def sample_round(run: Run, checker: dict):
             for i in range(0, B, gen)], tok.pad_token_id)
     texts = tok.batch_decode(batch["input_ids"][:, batch["prompt_len"]:], skip_special_tokens=True)
     golds = [q["answer"] for q in qs for _ in range(args.group_size)]
-    batch["correct"] = torch.tensor([reward.is_correct(t, g, checker) is True for t, g in zip(texts, golds)],
+    grade = reward.GRADERS[args.grader]  # reward.is_correct unless --grader says otherwise
+    batch["correct"] = torch.tensor([grade(t, g, checker) is True for t, g in zip(texts, golds)],
                                     device=args.device)  # [B * G]
     return qs, batch
 
