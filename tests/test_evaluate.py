@@ -153,3 +153,18 @@ def test_a_benchmark_the_tokenizer_cannot_encode_fails_before_any_is_evaluated(b
     with pytest.raises(SystemExit) as e:
         evaluate.main(["--benchmarks", f"tiny,{path}", "--out", str(tmp_path / "e.json")])
     assert str(e.value.code).startswith(f"--benchmarks {path}: no problem the tokenizer can encode: {path}:1: ")
+
+
+def test_the_second_opinion_agrees_on_the_tiny_model(base, tmp_path, capsys):
+    # tools/check_eval.py answers the same prompts with transformers' generate and grades them with math-verify
+    # alone; on the tiny model both paths give the same text and the same verdicts, problem by problem
+    from tools import check_eval
+    out = tmp_path / "e.json"
+    evaluate.main(["--benchmarks", "tiny", "--limit", "12", "--batch-size", "6", "--out", str(out), "--threads", "1"])
+    saved = json.load(open(out))["results"]["tiny"]["problems"]
+    assert len(saved) == 12 and {"where", "gold", "greedy", "correct", "tokens"} <= saved[0].keys()
+    report = check_eval.main([str(out), "--threads", "1"])["tiny"]
+    assert report["n"] == 12 and report["same_text"] == 12 and report["agree"] == 12
+    assert report["ours_correct"] == report["math_verify_correct"] == sum(p["correct"] for p in saved) > 0
+    assert json.load(open(tmp_path / "e.check.json"))["tiny"]["agree"] == 12
+    assert "verdicts agree on 12/12" in capsys.readouterr().out
