@@ -68,6 +68,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("result", help="the JSON file evaluate.py wrote (its settings are reused)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
+    p.add_argument("--limit", type=int, default=None,
+                   help="check only the first N problems of each benchmark (generate keeps a finished row in its "
+                        "batch until the longest one ends, so one runaway answer costs a whole batch its length)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="prompts per generate call (default: evaluate.py's); a different batch pads differently, "
+                        "which can move a bf16 greedy answer by a token")
     args = p.parse_args(argv)
     saved = json.load(open(args.result))
     settings = saved["settings"]
@@ -81,12 +87,13 @@ def main(argv=None):
     for name, row in saved["results"].items():
         if "problems" not in row:  # the average
             continue
-        problems = row["problems"]
+        problems = row["problems"][:args.limit]
         rows, _ = data.load(name, "test", settings["data_dir"], settings["limit"])
         by_where = {r["where"]: r for r in rows}
         prompts = [data.dataset(name).prompt(tokenizer, by_where[q["where"]]) for q in problems]
         t0 = time.time()
-        texts = generate(model, tokenizer, prompts, settings["max_new_tokens"], settings["batch_size"])
+        texts = generate(model, tokenizer, prompts, settings["max_new_tokens"],
+                         args.batch_size or settings["batch_size"])
         seconds = time.time() - t0
         verdicts = [grade(t, q["gold"]) for t, q in zip(texts, problems)]
         differ = [{"where": q["where"], "gold": q["gold"], "ours": q["correct"], "math_verify": v,
