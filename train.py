@@ -55,7 +55,7 @@ def main(argv=None):
             raise
         phase = memory.Peaks.PHASES[run.peaks.current]
         run.log({"step": run.step + 1, "out_of_memory": phase, **run.peaks.record()})
-        sys.exit(f"out of memory during the {phase} of step {run.step + 1} ({str(e).splitlines()[0][:100]}); "
+        sys.exit(f"out of memory during the {phase} of step {run.step + 1} ({memory.what_failed(e)}); "
                  f"`--dry-run` plans each phase and names the flags that bring it down; the last checkpoint is kept")
     return finish(run)
 

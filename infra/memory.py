@@ -82,6 +82,15 @@ def out_of_memory(error: BaseException) -> bool:
         isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
 
 
+def what_failed(error: BaseException) -> str:
+    """The part of an allocation error a person needs, in one short line: the CPU allocator's starts with its
+    source location ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: ...") and puts the size
+    last, where a plain cut lost it."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    text = text.split("DefaultCPUAllocator: ")[-1]
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
 def parameters(cfg, lora_rank: int = 0, lora_targets=lora.TARGETS) -> dict:
     """A Qwen2/Llama-style decoder's parameters from its config, by kind: the layers' projections (q, k, v, o and
     the SwiGLU MLP's gate, up, down), their biases (q, k, v in Qwen2), the norms (two a layer and a final one), the

@@ -355,6 +355,18 @@ def load_model(name: str, flag: str = "--model", world=None):
         sys.exit(f"{flag} {name}: {where}: {str(e).splitlines()[0]}")
     except Exception as e:  # damaged files the checks above did not see (a *.bin pickle, a tokenizer's contents)
         sys.exit(f"{flag} {name}: could not be loaded ({type(e).__name__}: {_first_line(e)})")
+    own_memory(model)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok, name
+
+
+def own_memory(model):
+    """Give each weight memory of its own. transformers maps a safetensors file into memory and its weights stay
+    views of that mapping: while any one of them lives (the embeddings), the whole file stays mapped and its pages
+    count in the process's memory. Under LoRA with a bf16 base, the float32 projections it replaced kept 7 GB of the
+    1.5B's file resident beside their bf16 copies (9.3 GiB after wrapping, 4.7 GiB with this), and a 24 GB machine
+    ran out during the training forward. One copy per tensor; with the last view gone, the mapping goes."""
+    with torch.no_grad():
+        for t in [*model.parameters(), *model.buffers()]:
+            t.data = t.data.clone()

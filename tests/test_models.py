@@ -5,6 +5,7 @@ import importlib.util
 import os
 
 import pytest
+import torch
 
 import data
 from infra import models
@@ -253,3 +254,15 @@ def test_weights_that_fail_to_load_are_one_line(base, tmp_path):
     with pytest.raises(SystemExit) as e:
         models.load_model(str(d))
     assert str(e.value.code).startswith(f"--model {d}: could not be loaded (") and "\n" not in str(e.value.code)
+
+
+def test_a_loaded_model_keeps_no_file_mapped(base, tmp_path):
+    # transformers maps model.safetensors and its weights stay views of the mapping; load_model copies them, so that
+    # weights replaced later (LoRA's bf16 base) take their file pages with them (a 1.5B kept 7 GB resident otherwise)
+    model, tok = base
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    loaded, _, _ = models.load_model(str(tmp_path / "m"))
+    weights = str(tmp_path / "m" / "model.safetensors")
+    assert os.path.exists(weights) and weights not in open("/proc/self/maps").read()
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))

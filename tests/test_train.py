@@ -131,3 +131,28 @@ def test_token_level_methods_write_heat_maps_and_concentrate_the_advantage(base,
         assert "boxed answer and EOS keep weight 1" in page
     else:
         assert "key-token values" in page and "belongs to a token id across the whole group" in page
+
+
+def test_out_of_memory_is_one_line_naming_the_phase_and_keeps_the_checkpoint(base, tmp_path, monkeypatch, capsys):
+    # the CPU allocator's error puts the size last, after its source location: the line keeps the size
+    import grpo
+    real, calls = grpo.policy_loss, []
+
+    def policy_loss(*a, **k):
+        calls.append(1)
+        if len(calls) > 1:  # a later step's training (a step whose groups all agree trains nothing)
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                               "memory: you tried to allocate 9663676416 bytes. Error code 12 (Cannot allocate memory)")
+        return real(*a, **k)
+    monkeypatch.setattr(grpo, "policy_loss", policy_loss)
+    run_dir = tmp_path / "oom"
+    with pytest.raises(SystemExit) as e:
+        train.main(["--steps", "3", "--save-every", "1", "--prompts-per-step", "4", "--group-size", "4",
+                    "--eval-limit", "8", "--eval-every", "1000", "--run-dir", str(run_dir)])
+    last = read(run_dir / "metrics.jsonl")[-1]
+    assert str(e.value.code).startswith(f"out of memory during the training forward and backward of step "
+                                        f"{last['step']} (can't allocate memory: you tried to allocate 9663676416 "
+                                        f"bytes. Error code 12")
+    assert last["step"] >= 2 and last["out_of_memory"] == "training forward and backward"
+    assert last["peak_sampling_gib"] > 0 and last["peak_memory_gib"] >= last["peak_sampling_gib"]
+    assert torch.load(run_dir / "checkpoint" / "state.pt", weights_only=False)["step"] == last["step"] - 1
