@@ -33,12 +33,24 @@ def peak_memory_bytes(device: str, rss_at_start: int = 0) -> int:
     return max(0, peak - rss_at_start)
 
 
+def release_freed_memory():
+    """Hand memory the process freed back to the system (glibc's malloc_trim). glibc keeps freed blocks of up to
+    32 MB for reuse, so without this a phase's resident set starts with the last phase's freed activations: a 1.5B
+    LoRA step's optimizer showed 10.0 GiB resident where 4.4 GiB was live. Elsewhere than glibc, nothing."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def reset_peak(device: str):
     """Start a new peak: torch's counter on CUDA; on Linux the resident set's high-water mark (clear_refs 5). Where
     that cannot be done, the next peak is the peak so far."""
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
         return
+    release_freed_memory()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
