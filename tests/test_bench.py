@@ -10,6 +10,7 @@ import torch
 import reward
 from conftest import THREADS, assert_close
 from tools import bench
+from tools.benchparts import gpu, llamacpp, sampler, steps, table as tables, workload
 
 FEW = ["--threads", str(THREADS), "--steps", "2", "--warmup", "1", "--rounds", "1", "--repeat", "1"]
 
@@ -27,18 +28,18 @@ def test_the_default_path_prints_every_part(base, capsys):
     sampler = rows(table, "sampler")
     assert [r[1].split(":")[0] for r in sampler] == ["greedy", "sampled at 1", "decoding", "decoding"]
     assert all(r[4].endswith("x") for r in sampler[:2]) and all(r[4].endswith("%") for r in sampler[2:])
-    steps = rows(table, "step")
-    names = [r[1].split(":")[0] for r in steps]
-    assert names[:len(bench.default_methods())] == bench.default_methods()  # each rule, from the table
-    assert all(float(r[2]) > 0 for r in steps[:len(names) - 1]) and "training MFU" in steps[-1][1]
+    step = rows(table, "step")
+    names = [r[1].split(":")[0] for r in step]
+    assert names[:len(steps.default_methods())] == steps.default_methods()  # each rule, from the table
+    assert all(float(r[2]) > 0 for r in step[:len(names) - 1]) and "training MFU" in step[-1][1]
     trl = rows(table, "trl")
     assert len(trl) == 1 and (trl[0][4].startswith("ours/TRL") or trl[0][1].startswith("skipped"))
     assert rows(table, "llama.cpp")  # skipped here (not installed), or measured
 
 
 def test_a_run_that_fails_is_a_row(base):
-    table = bench.Table("t")
-    got = bench.step_rows(table, ("--model", "tiny", "--lr", "-1"), ["grpo"], bench.Setting(()), THREADS)
+    table = tables.Table("t")
+    got = steps.step_rows(table, ("--model", "tiny", "--lr", "-1"), ["grpo"], workload.Setting(()), THREADS)
     assert got == {} and "grpo: failed" in table.rows[0][1] and "--lr" in table.rows[0][1]
 
 
@@ -53,11 +54,11 @@ def test_llama_cpp_part_with_a_stand_in_module(monkeypatch, tmp_path):
     module = types.ModuleType("llama_cpp")
     module.Llama, module.__spec__ = Llama, importlib.machinery.ModuleSpec("llama_cpp", None)
     monkeypatch.setitem(sys.modules, "llama_cpp", module)
-    monkeypatch.setattr(bench.models, "gguf_location", lambda name: (str(tmp_path), "m.gguf"))
+    monkeypatch.setattr(llamacpp.models, "gguf_location", lambda name: (str(tmp_path), "m.gguf"))
     args = types.SimpleNamespace(model="m", seed=0, max_new_tokens=5, temperature=0.5)
     w = types.SimpleNamespace(args=args, prompts=[[1, 2], [3]], texts=["a", "b"])
-    table = bench.Table("t")
-    bench.llama_rows(table, w, 1, {"tps": 100.0})
+    table = tables.Table("t")
+    llamacpp.llama_rows(table, w, 1, {"tps": 100.0})
     (row,) = table.rows
     assert row[0] == "llama.cpp" and float(row[2].replace(",", "")) > 0 and row[4].endswith("x")
 
@@ -68,12 +69,12 @@ def test_sdpa_decode_attention_equals_the_two_matmuls():
     q, k, v = (torch.randn(shape, generator=g) for shape in ((3, 4, 1, 8), (3, 2, 6, 8), (3, 2, 6, 8)))
     bias = torch.zeros(3, 6)
     bias[0, :2] = float("-inf")  # a padded prompt
-    assert_close(bench.sdpa_decode_attention(q, k, v, bias, 0.35), fastpath.decode_attention(q, k, v, bias, 0.35))
+    assert_close(sampler.sdpa_decode_attention(q, k, v, bias, 0.35), fastpath.decode_attention(q, k, v, bias, 0.35))
 
 
 def test_the_gpu_models_tokenizer_covers_its_vocabulary(tmp_path):
     from transformers import AutoTokenizer
-    bench.write_tokenizer(str(tmp_path), 1024, 1000)
+    gpu.write_tokenizer(str(tmp_path), 1024, 1000)
     tok = AutoTokenizer.from_pretrained(tmp_path)
     assert len(tok) == 1024 and tok.eos_token_id == tok.pad_token_id == 1000
     assert len(tok("ab c\n")["input_ids"]) == 5 and tok.decode(tok("x + 1?\n")["input_ids"]) == "x + 1?\n"
@@ -91,7 +92,7 @@ def test_the_gpu_table_on_the_cpu(monkeypatch, capsys):
     # parameters): every part, OAR-P through its short response
     small = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1024, bos_token_id=1000, eos_token_id=1000, pad_token_id=1000)
-    monkeypatch.setattr(bench, "REDUCED", bench.Sizes(small, 96, 2, 4, 8, 6, 6, 4, 2, 1, 1))
+    monkeypatch.setattr(gpu, "REDUCED", gpu.Sizes(small, 96, 2, 4, 8, 6, 6, 4, 2, 1, 1))
     table = bench.main(["--gpu", "--device", "cpu", "--methods", "grpo,oar-p"] + FEW)
     out = capsys.readouterr().out
     assert out.startswith("bench --gpu: Qwen2.5-Math-1.5B's configuration, 2 layers")
@@ -103,8 +104,8 @@ def test_the_gpu_table_on_the_cpu(monkeypatch, capsys):
     assert any(r[1].startswith("LoRA:") for r in memory)  # measured, or skipped without peft
     oar = [r for r in memory if r[1].startswith("OAR-G at its default chunk")]
     assert len(oar) == 1 and "advantage" in oar[0][1] and oar[0][3].startswith("plan")
-    steps = rows(table, "step")
-    assert [r[1].split(":")[0] for r in steps] == ["grpo", "oar-p*", "* with --max-new-tokens 4"]
-    assert all(float(r[2]) > 0 for r in steps[:2]) and "one forward per reasoning token" in steps[2][1]
-    sampler = rows(table, "sampler")
-    assert [r[1].split(" decode")[0] for r in sampler] == ["ours (two matmuls", "ours (SDPA"]
+    step = rows(table, "step")
+    assert [r[1].split(":")[0] for r in step] == ["grpo", "oar-p*", "* with --max-new-tokens 4"]
+    assert all(float(r[2]) > 0 for r in step[:2]) and "one forward per reasoning token" in step[2][1]
+    sampled = rows(table, "sampler")
+    assert [r[1].split(" decode")[0] for r in sampled] == ["ours (two matmuls", "ours (SDPA"]
