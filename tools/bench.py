@@ -1,8 +1,8 @@
 """Speed, against model.generate, TRL and the machine's own limits (issue 29), and the one-GPU table of memory and
-seconds at Qwen2.5-Math-1.5B's shapes (issue 28). One table, each row printed as soon as it is measured.
+seconds at Qwen2.5-Math-1.5B's configuration (issue 28). One table, each row printed as soon as it is measured.
 
     python tools/bench.py --threads 2                         # the tiny default: every part but TRL's
-    python tools/bench.py --model smollm2-135m --threads 2    # the SmolLM2 recipe's setting, under 20 minutes
+    python tools/bench.py --model smollm2-135m --threads 2    # the SmolLM2 recipe's setting, about 17 minutes
     python tools/bench.py --model qwen2.5-coder-0.5b --threads 2 --trl
     python tools/bench.py --parts steps --methods grpo,ktae --steps 6    # a quick look at two methods' steps
     python tools/bench.py --model smollm2-135m -- --bf16      # more train.py flags, for every part (bf16 autocast)
@@ -12,20 +12,21 @@ bandwidth), sampler (sample.generate against model.generate on the same prompts,
 sampled, taking turns; medians; and the share of the machine's limits that decoding reaches), steps (train.py in its
 own process for grpo and each token rule of methods.RULES, the methods taking turns: seconds a step, split into
 sampling, advantage and training; training MFU), trl (--trl: TRL's GRPOTrainer at the same setting), llama
-(llama.cpp on the model's GGUF file, for reference only; skipped when llama_cpp is not installed). The setting of
-each model (its data, batch, lengths, temperature, grader, steps and repetitions) is SETTINGS.
+(llama.cpp on the model's GGUF file, for reference only; skipped when llama_cpp is not installed). What each model
+is benchmarked on (its data, batch, lengths, temperature, grader, steps and repetitions) is
+benchparts/workload.py's SETTINGS.
 
     python tools/bench.py --gpu                               # on a CUDA device: every part, about 30 minutes
-    python tools/bench.py --gpu --parts machine,memory        # or one part a call (each under 10 minutes):
-    python tools/bench.py --gpu --parts steps                 #   machine, memory, steps, sampler, oar-g
-    python tools/bench.py --gpu --device cpu --threads 2      # the same code at 2 layers and short lengths
+    python tools/bench.py --gpu --parts memory-recipe         # or one part a call, each under 10 minutes: machine,
+                                                              #   memory-recipe, memory-smaller, memory-lora,
+                                                              #   steps, oar-g, sampler
+    python tools/bench.py --gpu --device cpu --threads 2      # the same code at 2 layers, 8,192 ids, short lengths
 
---gpu: a randomly initialised model of Qwen2.5-Math-1.5B's configuration (QWEN25_MATH_15B), a tokenizer of its
-vocabulary and problems of a fixed prompt length, made in a temporary directory (no weights travel), run through
-train.py. A random model samples to the length limit, the worst case for memory. Parts: machine; memory (the
---dry-run plan against the measured peak of each phase, at docs/gpu.md's recipe, at a smaller setting and with
-LoRA); steps (seconds a step for grpo, ktae, oar-g, oar-p; OAR-P on a short response); sampler (our sampler against
-model.generate, with SDPA and with the two-matmul decode attention); oar-g (OAR-G's peak at its default chunk).
+--gpu: a randomly initialised model of Qwen2.5-Math-1.5B's configuration through train.py (benchparts/gpu.py):
+the plan against each phase's measured peak at docs/gpu.md's recipe, at a smaller setting and with LoRA; seconds a
+step of grpo, ktae, oar-g and oar-p (OAR-P on a short response); our sampler with SDPA and with the two-matmul
+decode attention against model.generate; OAR-G's peak at its default chunk (and its plan at the recipe's
+length, which no single GPU holds).
 
 Timings depend on the machine and on what else runs on it: docs/LOG.md has what these commands measured, dated.
 """
@@ -49,10 +50,13 @@ from tools.benchparts.table import Table, progress  # noqa: E402
 from tools.benchparts.trl_step import trl_rows  # noqa: E402
 from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, load_workload, overridden  # noqa: E402
 
+CPU_PARTS = ["machine", "sampler", "steps", "trl", "llama"]
+
+
 def run_cpu(args, chosen: list, parts: list, table_out=None) -> Table:
     """The benchmark of --model on args.device (the machine's limits, the sampler, the steps, TRL, llama.cpp)."""
     import torch
-    setting = overridden(SETTINGS.get(args.model, OTHER), args)
+    setting = overridden(SETTINGS.get(args.model, OTHER), args)  # SETTINGS is keyed by infra/models.py's aliases
     flags = ("--model", args.model, *BENCH_FLAGS, *setting.flags, *args.train_args,
              *(("--device", args.device) if args.device else ()))
     w = load_workload(args.model, flags[2:])
@@ -82,17 +86,15 @@ def run_cpu(args, chosen: list, parts: list, table_out=None) -> Table:
     return table
 
 
-
-CPU_PARTS = ["machine", "sampler", "steps", "trl", "llama"]
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=models.DEFAULT, help="any train.py --model; SETTINGS says what each alias is "
-                                                           "benchmarked on (default: %(default)s)")
-    p.add_argument("--gpu", action="store_true", help="the one-GPU table at Qwen2.5-Math-1.5B's shapes (issue 28); "
-                                                      "--device cpu runs it at 2 layers and short lengths")
+    p.add_argument("--model", default=models.DEFAULT, help="any train.py --model; benchparts/workload.py's SETTINGS "
+                                                           "says what each alias is benchmarked on (default: "
+                                                           "%(default)s)")
+    p.add_argument("--gpu", action="store_true", help="the one-GPU table at Qwen2.5-Math-1.5B's configuration (issue "
+                                                      "28; --model is not read); --device cpu runs it at 2 layers, "
+                                                      "8,192 ids and short lengths")
     p.add_argument("--parts", default=None, help=f"comma-separated, in their order: {','.join(CPU_PARTS)} (default: "
                                                  f"all but trl); with --gpu {','.join(GPU_PARTS)} (default: all)")
     p.add_argument("--trl", action="store_true", help="also TRL's GRPOTrainer (the trl part; requirements/trl.txt)")
@@ -113,7 +115,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     known = GPU_PARTS if args.gpu else CPU_PARTS
     parts = args.parts.split(",") if args.parts else [x for x in known if x != "trl" or args.trl]
-    if args.trl and "trl" not in parts and not args.gpu:
+    if args.trl and args.gpu:
+        p.error("--trl: TRL's GRPOTrainer is a part of the benchmark of --model, not of --gpu")
+    if args.trl and "trl" not in parts:
         parts.append("trl")
     for x in parts:
         if x not in known:
@@ -123,8 +127,6 @@ def main(argv=None):
     for m in chosen:
         if m not in methods.names():
             p.error(f"--methods: unknown method {m!r} (choose from {', '.join(methods.names())})")
-    if args.steps is not None and args.warmup is not None and args.steps <= args.warmup:
-        p.error(f"--steps {args.steps} must exceed --warmup {args.warmup}")
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)

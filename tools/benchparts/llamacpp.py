@@ -29,4 +29,4 @@ def llama_rows(table: Table, w: Workload, threads, ours: dict):
         tokens += out["usage"]["completion_tokens"]
     tps = tokens / (time.perf_counter() - t0)
     table.row("llama.cpp", "sampled, one sequence at a time, 4-bit GGUF: tokens/s", f"{tps:,.0f}",
-              f"ours {ours['tps']:,.0f}" if ours else "", f"{ours['tps'] / tps:.2f}x" if ours else "")
+              f"ours {ours['tps']:,.0f}" if ours else "", f"ours/llama {ours['tps'] / tps:.2f}" if ours else "")

@@ -58,8 +58,9 @@ def in_turns(contenders: dict, repeat: int, device: str, warmup: int = 1) -> dic
             t0 = time.perf_counter()
             tokens, steps = fn()
             sync(device)
+            seconds = time.perf_counter() - t0
             if r >= warmup:
-                got[name].append((tokens / (time.perf_counter() - t0), time.perf_counter() - t0, tokens, steps))
+                got[name].append((tokens / seconds, seconds, tokens, steps))
     return {name: {k: median([x[i] for x in runs]) for i, k in enumerate(("tps", "seconds", "tokens", "steps"))}
             for name, runs in got.items()}
 
@@ -138,9 +139,9 @@ def gpu_sampler_rows(table: Table, model_dir: str, flags, repeat: int):
     ours = our_sampler(w, a.group_size, a.max_new_tokens, a.temperature)
     progress(f"sampler: {len(w.prompts)} prompts x {a.group_size}, {a.max_new_tokens} new tokens")
     got = in_turns({"generate": hf_sampler(w, a.group_size, a.max_new_tokens, a.temperature),
-                    "two matmuls": with_attention(two_matmul, ours),
+                    "two-matmul": with_attention(two_matmul, ours),
                     "SDPA": with_attention(sdpa_decode_attention, ours)}, repeat, a.device)
     hf = got["generate"]
-    for name in ("two matmuls", "SDPA"):
-        table.row("sampler", f"ours ({name} decode attention): useful tokens/s, {len(w.prompts)} x {a.group_size} rows",
+    for name in ("two-matmul", "SDPA"):
+        table.row("sampler", f"{name} attention: our useful tokens/s, {len(w.prompts)} x {a.group_size} rows",
                   f"{got[name]['tps']:,.0f}", f"generate {hf['tps']:,.0f}", f"{got[name]['tps'] / hf['tps']:.2f}x")

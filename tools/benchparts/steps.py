@@ -20,13 +20,13 @@ def default_methods() -> list:
     return [next(iter(methods.BASES))] + [m for m in methods.short_names() if m not in methods.BASES]
 
 
-def train_run(flags, method: str, steps: int, threads=None, what: str = "") -> tuple:
-    """train.py --method METHOD for `steps` steps in its own process (nothing imports train.py), in a temporary run
-    directory (flags: the model, its setting and BENCH_FLAGS): (its step records from metrics.jsonl, None) or,
-    where it failed, (what it logged, its last line of error: an out-of-memory step is logged with its phase's
-    peaks)."""
+def train_run(flags, method: str, steps: int, threads=None, what: str = "", run_dir: str = None) -> tuple:
+    """train.py --method METHOD for `steps` steps in its own process (nothing imports train.py), in run_dir, or in a
+    temporary one when none is given (flags: the model, its setting and BENCH_FLAGS): (its step records from
+    metrics.jsonl, None) or, where it failed, (what it logged, its last line of error: an out-of-memory step is
+    logged with its phase's peaks)."""
     with tempfile.TemporaryDirectory() as d:
-        run_dir = os.path.join(d, "run")
+        run_dir = run_dir or os.path.join(d, "run")
         cmd = [sys.executable, TRAIN, *flags, "--method", method, "--steps", str(steps),
                "--run-dir", run_dir, *(["--threads", str(threads)] if threads else [])]
         progress(f"{what or method}: {' '.join(cmd[2:])}")
@@ -82,6 +82,8 @@ def step_rows(table: Table, flags, chosen: list, setting: Setting, threads) -> d
         table.row("step", f"{name}: s/step = sampling + advantage + training", f"{r['time_step']:.3f}",
                   f"{r['time_sample']:.2f} + {r['time_advantage']:.3f} + {r['time_train']:.2f}",
                   f"{r['time_step'] / base['time_step']:.2f}x {chosen[0]}" if base else "")
+        if runs[m]["error"]:  # a run that failed after some steps: those are timed, and its error said
+            table.row("step", f"{m}: a run then failed: {runs[m]['error']}")
     if setting.short and any(forward_scoring(m) for m in chosen):
         table.row("step", f"* with {' '.join(setting.short)}: its rule runs one forward per reasoning token")
     return rows

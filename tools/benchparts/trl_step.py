@@ -62,6 +62,8 @@ def trl_rows(table: Table, w: Workload, setting: Setting, ours: dict):
         table.row("trl", f"skipped: {e}")
         return
     mine = next(iter(ours.values()), None) if ours else None
-    table.row("trl", f"TRL GRPOTrainer: s/step (steps {setting.warmup + 1}-{setting.steps})", f"{t:.3f}",
+    timed = f"step {setting.steps}" if setting.steps == setting.warmup + 1 else \
+        f"median of steps {setting.warmup + 1}-{setting.steps}"
+    table.row("trl", f"TRL GRPOTrainer: s/step ({timed})", f"{t:.3f}",
               f"ours {next(iter(ours))} {mine['time_step']:.3f}" if mine else "",
               f"ours/TRL {mine['time_step'] / t:.2f}" if mine else "")
