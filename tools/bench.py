@@ -1,21 +1,38 @@
-"""Benchmarks that print numbers (targets are checked here, not in timed tests).
+"""Speed, against model.generate, TRL and the machine's own limits (issue 29), and the one-GPU table of memory and
+seconds at Qwen2.5-Math-1.5B's configuration (issue 28). One table, each row printed as soon as it is measured.
 
-    python tools/bench.py --threads 2    # the sampler against model.generate, KTAE on a Qwen-sized group, and
-                                         # the seconds per RL step of grpo and each token rule on it
-    python tools/bench.py --only-steps   # only the RL steps
-    python tools/bench.py --only-steps --methods grpo,ktae --steps 8 --rounds 1    # a quick look
-    python tools/bench.py --trl          # also TRL's GRPOTrainer on the same model and setting (requirements/trl.txt)
+    python tools/bench.py --threads 2                         # the tiny default: every part but TRL's
+    python tools/bench.py --model smollm2-135m --threads 2    # the SmolLM2 recipe's setting, about 17 minutes
+    python tools/bench.py --model qwen2.5-coder-0.5b --threads 2 --trl
+    python tools/bench.py --parts steps --methods grpo,ktae --steps 6    # a quick look at two methods' steps
+    python tools/bench.py --model smollm2-135m -- --bf16      # more train.py flags, for every part (bf16 autocast)
 
-Medians of several runs after a warm-up, on whatever machine runs it; what they gave is in docs/LOG.md, dated.
+Parts (--parts, in this order): machine (matrix products at the model's shapes, float32 and bf16; memory
+bandwidth), sampler (sample.generate against model.generate on the same prompts, lengths and batch, greedy and
+sampled, taking turns; medians; and the share of the machine's limits that decoding reaches), steps (train.py in its
+own process for grpo and each token rule of methods.RULES, the methods taking turns: seconds a step, split into
+sampling, advantage and training; training MFU), trl (--trl: TRL's GRPOTrainer at the same setting), llama
+(llama.cpp on the model's GGUF file, for reference only; skipped when llama_cpp is not installed). What each model
+is benchmarked on (its data, batch, lengths, temperature, grader, steps and repetitions) is
+benchparts/workload.py's SETTINGS.
+
+    python tools/bench.py --gpu                               # on a CUDA device: every part, about 30 minutes
+    python tools/bench.py --gpu --parts memory-recipe         # or one part a call, each under 10 minutes: machine,
+                                                              #   memory-recipe, memory-smaller, memory-lora,
+                                                              #   steps, oar-g, sampler
+    python tools/bench.py --gpu --device cpu --threads 2      # the same code at 2 layers, 8,192 ids, short lengths
+
+--gpu: a randomly initialised model of Qwen2.5-Math-1.5B's configuration through train.py (benchparts/gpu.py):
+the plan against each phase's measured peak at docs/gpu.md's recipe, at a smaller setting and with LoRA; seconds a
+step of grpo, ktae, oar-g and oar-p (OAR-P on a short response); our sampler with SDPA and with the two-matmul
+decode attention against model.generate; OAR-G's peak at its default chunk (and its plan at the recipe's
+length, which no single GPU holds).
+
+Timings depend on the machine and on what else runs on it: docs/LOG.md has what these commands measured, dated.
 """
 import argparse
-import json
 import os
-import random
-import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's root, one folder up
@@ -23,190 +40,101 @@ if __package__ in (None, ""):  # run as a file (python tools/bench.py): the proj
     sys.path.insert(0, ROOT)
 
 import methods  # noqa: E402  (torch and the heavier modules are imported where they are used: --help answers at once)
-TRAIN = os.path.join(ROOT, "train.py")
+from infra import models  # noqa: E402
+from tools.benchparts.gpu import GPU_METHODS, GPU_PARTS, run_gpu  # noqa: E402
+from tools.benchparts.llamacpp import llama_rows  # noqa: E402
+from tools.benchparts.machine import machine_rows  # noqa: E402
+from tools.benchparts.sampler import sampler_rows  # noqa: E402
+from tools.benchparts.steps import default_methods, step_rows, training_mfu  # noqa: E402
+from tools.benchparts.table import Table, progress  # noqa: E402
+from tools.benchparts.trl_step import trl_rows  # noqa: E402
+from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, load_workload, overridden  # noqa: E402
+
+CPU_PARTS = ["machine", "sampler", "steps", "trl", "llama"]
 
 
-def median_time(fn, repeat=7, warmup=2):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def bench_ktae_qwen_group():
-    """One group as Qwen2.5 would give it: G = 16 rollouts of 1024 tokens, ids up to 151,645 (uniformly random
-    ids: about 15k distinct ones, more than real text has, so this is the hard case)."""
+def run_cpu(args, chosen: list, parts: list, table_out=None) -> Table:
+    """The benchmark of --model on args.device (the machine's limits, the sampler, the steps, TRL, llama.cpp)."""
     import torch
-    import ktae
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 151_646, (16, 1024), generator=g)
-    mask = torch.ones_like(ids)
-    mask[5, 700:] = 0
-    rewards = torch.tensor([1.0, 0.0] * 8)
-    t = median_time(lambda: ktae.token_values(ids, mask, rewards[None], special_ids=(151_643, 151_645)))
-    distinct = len(torch.unique(ids[mask.bool()]))
-    print(f"KTAE, one Qwen-sized group (G=16 x 1024 tokens, {distinct} distinct ids): {t * 1000:.1f} ms "
-          f"(target <= 100 ms)")
-
-
-def bench_sampler(repeat=11):
-    """Useful tokens per second (response tokens up to and including EOS) of `model.generate` and of our sampler
-    on the tiny default: 16 prompts x 8 rollouts, at most 48 new tokens, temperature 1.0 (top-k off, so both draw
-    from the full softmax). generate() runs every row until the longest ends; ours drops finished rows."""
-    import torch
-    import sample
-    from toyworld import tiny
-    model, tok, _ = tiny.load_or_build()
-    model.eval()
-    qs = tiny.train_problems(random.Random(0), 16, set(tiny.eval_problems()))
-    prompts = [tok(tiny.prompt(q))["input_ids"] for q in qs]
-    ids, mask = sample.left_pad(prompts, tok.pad_token_id)
-    ids, mask = ids.repeat_interleave(8, 0), mask.repeat_interleave(8, 0)  # [128, P]
-    useful = {}
-
-    def hf():
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=None,
-                                 top_p=None, max_new_tokens=48, eos_token_id=tok.eos_token_id,
-                                 pad_token_id=tok.pad_token_id)[:, ids.shape[1]:]  # [128, <=48]
-        is_eos = (out == tok.eos_token_id).int()
-        useful["hf"] = int(((is_eos.cumsum(1) - is_eos) == 0).sum())  # up to and including the first EOS
-
-    def ours():
-        b = sample.generate(model, prompts, n=8, max_new_tokens=48, temperature=1.0, eos_id=tok.eos_token_id,
-                            pad_id=tok.pad_token_id)
-        useful["ours"] = int(b["response_mask"].sum())
-
-    for _ in range(2):  # warm-up
-        hf(), ours()
-    tps = {"hf": [], "ours": []}
-    seconds = {"hf": [], "ours": []}
-    for _ in range(repeat):  # interleaved, so that a machine slowing down or speeding up affects both alike
-        for name, fn in (("hf", hf), ("ours", ours)):
-            t0 = time.perf_counter()
-            fn()
-            seconds[name].append(time.perf_counter() - t0)
-            tps[name].append(useful[name] / seconds[name][-1])
-    hf_tps, ours_tps = statistics.median(tps["hf"]), statistics.median(tps["ours"])
-    print(f"model.generate: {hf_tps:,.0f} useful tokens/s (median of {repeat}; "
-          f"{statistics.median(seconds['hf']) * 1000:.0f} ms for about {useful['hf']} tokens)")
-    print(f"our sampler:    {ours_tps:,.0f} useful tokens/s (median of {repeat}; "
-          f"{statistics.median(seconds['ours']) * 1000:.0f} ms for about {useful['ours']} tokens)")
-    print(f"ratio: {ours_tps / hf_tps:.2f}x (target >= 1.5x)")
-    return ours_tps / hf_tps
-
-
-def bench_rl_steps(methods, steps=14, warmup=4, rounds=2, threads=None):
-    """Seconds per RL step (sample + reward + advantage + loss + optimizer step) of each method, as train.py runs
-    it on the tiny default: the same seed, so the same problems and, until the updates part them, the same
-    rollouts. Each method runs in its own process (`python train.py --steps 14`), the methods taking turns for
-    `rounds` rounds, every other one in reverse order (a machine whose speed drifts then affects them alike); the
-    median over the steps after a warm-up is read from the metrics.jsonl files: time_step and its parts,
-    time_advantage being KTAE's K1-K7 or OAR's scoring."""
-    def run(method, n_steps):
-        with tempfile.TemporaryDirectory() as d:
-            cmd = [sys.executable, TRAIN, "--method", method, "--steps", str(n_steps), "--eval-every", "1000",
-                   "--save-every", "1000", "--run-dir", d] + (["--threads", str(threads)] if threads else [])
-            subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT)
-            return [json.loads(l) for l in open(os.path.join(d, "metrics.jsonl")) if '"time_step"' in l][warmup:]
-
-    run(methods[0], warmup + 2)  # thrown away: a first process after an idle spell can run slower
-    lines = {m: [] for m in methods}
-    for r in range(rounds):  # every other round in reverse, so that the first run of a round is not always one method
-        for m in (methods if r % 2 == 0 else methods[::-1]):
-            lines[m] += run(m, steps)
-    rows = {m: {k: statistics.median(r[k] for r in lines[m])
-                for k in ("time_step", "time_sample", "time_advantage", "time_train")} for m in methods}
-    base = rows[methods[0]]["time_step"]
-    print(f"{'method':8s} {'s/step':>8s} {'x ' + methods[0]:>8s} {'sample':>8s} {'advantage':>10s} {'train':>8s}")
-    for m, r in rows.items():
-        print(f"{m:8s} {r['time_step']:8.3f} {r['time_step'] / base:8.2f} {r['time_sample']:8.3f} "
-              f"{r['time_advantage']:10.4f} {r['time_train']:8.3f}")
-    for m, r in rows.items():
-        print(f"{m}: the advantage takes {100 * r['time_advantage'] / r['time_step']:.2f} % of its step, "
-              f"{r['time_advantage'] / rows[methods[0]]['time_train']:.2f}x {methods[0]}'s training pass")
-    return rows
-
-
-def bench_trl(steps=14, warmup=4):
-    """Seconds per step of TRL's GRPOTrainer on the tiny default, at the setting of bench_rl_steps: 16 prompts x 8
-    completions (one optimizer step per 128), at most 48 new tokens, temperature 1 with top-k and top-p off,
-    beta 0, the same reward (reward.is_correct) and learning rate. TRL's defaults otherwise, but gradient
-    checkpointing off, as ours is (TRL turns it on). Timed from step
-    begin to step end by a callback."""
-    try:
-        from datasets import Dataset
-        from transformers import TrainerCallback
-        from trl import GRPOConfig, GRPOTrainer
-    except ImportError as e:
-        sys.exit(f"--trl: {e}; `pip install trl` (measured with trl 1.16.0), best in a separate virtual environment")
-    import reward
-    from toyworld import tiny
-    model, tok, _ = tiny.load_or_build()
-    qs = tiny.train_problems(random.Random(0), 16 * steps, set(tiny.eval_problems()))
-    data = Dataset.from_list([{"prompt": tiny.prompt(q), "answer": tiny.answer(q)} for q in qs])
-
-    def correct(prompts, completions, answer, **kwargs):
-        return [float(reward.is_correct(c, a) is True) for c, a in zip(completions, answer)]
-
-    times = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            times.append(time.perf_counter() - self.t0)
-
-    with tempfile.TemporaryDirectory() as d:
-        cfg = GRPOConfig(output_dir=d, per_device_train_batch_size=128, gradient_accumulation_steps=1,
-                         num_generations=8, max_completion_length=48, temperature=1.0, top_k=0, top_p=1.0,
-                         learning_rate=5e-5, beta=0.0, num_iterations=1, max_steps=steps, use_cpu=True, bf16=False,
-                         gradient_checkpointing=False, report_to="none", save_strategy="no", logging_steps=1000,
-                         disable_tqdm=True, seed=0)
-        GRPOTrainer(model=model, processing_class=tok, reward_funcs=correct, args=cfg, train_dataset=data,
-                    callbacks=[Timer()]).train()
-    t = statistics.median(times[warmup:])
-    print(f"TRL GRPOTrainer: {t:.3f} s per step (median of steps {warmup + 1}-{steps})")
-    return t
+    setting = overridden(SETTINGS.get(args.model, OTHER), args)  # SETTINGS is keyed by infra/models.py's aliases
+    flags = ("--model", args.model, *BENCH_FLAGS, *setting.flags, *args.train_args,
+             *(("--device", args.device) if args.device else ()))
+    w = load_workload(args.model, flags[2:])
+    a = w.args
+    table = Table(f"bench: --model {args.model}, --dataset {a.dataset} ({a.grader} grader), {a.prompts_per_step} "
+                  f"prompts x {a.group_size}, {a.max_new_tokens} new tokens, temperature {a.temperature:g}, "
+                  f"{'bf16 autocast' if a.bf16 else 'float32'}, {torch.get_num_threads()} thread(s), {a.device}",
+                  table_out)
+    limits, ours, rows = {}, None, {}
+    if "machine" in parts:
+        progress("the machine's limits")
+        tokens = min(a.micro_batch_size, a.prompts_per_step * a.group_size) * int(w.prompt_tokens + a.max_new_tokens)
+        limits = machine_rows(table, w.config, a.prompts_per_step * a.group_size, tokens, a.device,
+                              gib=2.0 if a.device.startswith("cuda") else 0.5)
+    if "sampler" in parts:
+        ours = sampler_rows(table, w, setting.repeat, limits)
+    w.model = None  # the train.py runs load their own (a 0.5B model and its AdamW state take 10 GB); TRL reloads it
+    if "steps" in parts:
+        rows = step_rows(table, flags, chosen, setting, args.threads)
+        if rows.get(chosen[0]):
+            training_mfu(table, w, chosen[0], rows[chosen[0]], limits)
+    if "trl" in parts:
+        w.model = models.load_model(a.model, world=w.problems.dataset.world)[0].to(a.device)
+        trl_rows(table, w, setting, rows)
+    if "llama" in parts:
+        llama_rows(table, w, args.threads, ours)
+    return table
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--only-steps", action="store_true", help="only the seconds per RL step (skip the sampler and "
-                                                              "KTAE benchmarks)")
-    p.add_argument("--methods", default=",".join(methods.short_names()),
-                   help="RL step benchmark: comma-separated train.py methods; the first is the baseline "
-                        "(default: %(default)s)")
-    p.add_argument("--steps", type=int, default=14, help="RL steps per run (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=4, help="RL steps per run left out of the median "
-                                                         "(default: %(default)s)")
-    p.add_argument("--rounds", type=int, default=2, help="runs per method, taking turns (default: %(default)s)")
-    p.add_argument("--repeat", type=int, default=11, help="sampler: timed repetitions (default: %(default)s)")
-    p.add_argument("--trl", action="store_true", help="also TRL's GRPOTrainer (needs `pip install trl`)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch, here and in every train.py "
-                                                             "run (default: torch's choice; on a shared machine "
-                                                             "pass what is yours)")
+    p.add_argument("--model", default=models.DEFAULT, help="any train.py --model; benchparts/workload.py's SETTINGS "
+                                                           "says what each alias is benchmarked on (default: "
+                                                           "%(default)s)")
+    p.add_argument("--gpu", action="store_true", help="the one-GPU table at Qwen2.5-Math-1.5B's configuration (issue "
+                                                      "28; --model is not read); --device cpu runs it at 2 layers, "
+                                                      "8,192 ids and short lengths")
+    p.add_argument("--parts", default=None, help=f"comma-separated, in their order: {','.join(CPU_PARTS)} (default: "
+                                                 f"all but trl); with --gpu {','.join(GPU_PARTS)} (default: all)")
+    p.add_argument("--trl", action="store_true", help="also TRL's GRPOTrainer (the trl part; requirements/trl.txt)")
+    p.add_argument("--methods", default=None, help="the steps part's train.py methods, comma-separated; the first is "
+                                                   f"the baseline (default: {','.join(default_methods())}; with "
+                                                   f"--gpu {','.join(GPU_METHODS)})")
+    p.add_argument("--steps", type=int, default=None, help="train.py steps a run (default: the model's setting)")
+    p.add_argument("--warmup", type=int, default=None, help="steps a run left out of the medians (default: the "
+                                                            "model's setting)")
+    p.add_argument("--rounds", type=int, default=None, help="runs a method, taking turns (default: the setting's)")
+    p.add_argument("--repeat", type=int, default=None, help="the sampler's timed repetitions (default: the "
+                                                            "setting's)")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: train.py's)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch, here and in every train.py run "
+                                                             "(default: torch's choice; on a shared machine pass what "
+                                                             "is yours)")
+    p.add_argument("train_args", nargs="*", help="more train.py flags for every part, after --, e.g. -- --bf16")
     args = p.parse_args(argv)
-    chosen = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    if args.steps <= args.warmup:
-        p.error(f"--steps {args.steps} must exceed --warmup {args.warmup}")
+    known = GPU_PARTS if args.gpu else CPU_PARTS
+    parts = args.parts.split(",") if args.parts else [x for x in known if x != "trl" or args.trl]
+    if args.trl and args.gpu:
+        p.error("--trl: TRL's GRPOTrainer is a part of the benchmark of --model, not of --gpu")
+    if args.trl and "trl" not in parts:
+        parts.append("trl")
+    for x in parts:
+        if x not in known:
+            p.error(f"--parts: unknown part {x!r} (choose from {', '.join(known)})")
+    default = GPU_METHODS if args.gpu else default_methods()
+    chosen = [m.strip() for m in (args.methods or ",".join(default)).split(",") if m.strip()]
+    for m in chosen:
+        if m not in methods.names():
+            p.error(f"--methods: unknown method {m!r} (choose from {', '.join(methods.names())})")
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    if not args.only_steps:
-        bench_sampler(args.repeat)
-        bench_ktae_qwen_group()
-    rows = bench_rl_steps(chosen, args.steps, args.warmup, args.rounds, args.threads)
-    if args.trl:
-        t = bench_trl(args.steps, args.warmup)
-        print(f"our {chosen[0]} step / TRL's: {rows[chosen[0]]['time_step'] / t:.2f}")
+    t0 = time.time()
+    table = (run_gpu if args.gpu else run_cpu)(args, chosen, parts)
+    progress(f"done in {time.time() - t0:.0f} s")
+    return table
 
 
 if __name__ == "__main__":

@@ -1,0 +1,113 @@
+"""tools/bench.py at a tiny size: every part of the default benchmark and of --gpu (on the CPU, at small shapes)
+runs and prints its rows, so that none of it can crash unseen (its default path once did, after its first part).
+No timing is asserted: the numbers are the machine's."""
+import importlib.machinery
+import sys
+import types
+
+import torch
+
+import reward
+from conftest import THREADS, assert_close
+from tools import bench
+from tools.benchparts import gpu, llamacpp, sampler, steps, table as tables, workload
+
+FEW = ["--threads", str(THREADS), "--steps", "2", "--warmup", "1", "--rounds", "1", "--repeat", "1"]
+
+
+def rows(table, part: str) -> list:
+    return [r for r in table.rows if r[0] == part]
+
+
+def test_the_default_path_prints_every_part(base, capsys):
+    table = bench.main(FEW + ["--trl"])  # the tiny default, every part
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("bench: --model tiny") and "TRL GRPOTrainer" in out
+    machine = rows(table, "machine")
+    assert len(machine) == 6 and all(r[2].endswith("FLOP/s") or r[2].endswith("B/s") for r in machine)
+    sampler = rows(table, "sampler")
+    assert [r[1].split(":")[0] for r in sampler] == ["greedy", "sampled at 1", "decoding", "decoding"]
+    assert all(r[4].endswith("x") for r in sampler[:2]) and all(r[4].endswith("%") for r in sampler[2:])
+    step = rows(table, "step")
+    names = [r[1].split(":")[0] for r in step]
+    assert names[:len(steps.default_methods())] == steps.default_methods()  # each rule, from the table
+    assert all(float(r[2]) > 0 for r in step[:len(names) - 1]) and "training MFU" in step[-1][1]
+    trl = rows(table, "trl")
+    assert len(trl) == 1 and (trl[0][4].startswith("ours/TRL") or trl[0][1].startswith("skipped"))
+    assert rows(table, "llama.cpp")  # skipped here (not installed), or measured
+
+
+def test_a_run_that_fails_is_a_row(base):
+    table = tables.Table("t")
+    got = steps.step_rows(table, ("--model", "tiny", "--lr", "-1"), ["grpo"], workload.Setting(()), THREADS)
+    assert got == {} and "grpo: failed" in table.rows[0][1] and "--lr" in table.rows[0][1]
+
+
+def test_llama_cpp_part_with_a_stand_in_module(monkeypatch, tmp_path):
+    class Llama:  # llama-cpp-python's completion API, as far as the bench uses it
+        def __init__(self, model_path, **kwargs):
+            assert model_path == str(tmp_path / "m.gguf")
+
+        def create_completion(self, text, max_tokens, temperature):
+            return {"usage": {"completion_tokens": max_tokens}}
+
+    module = types.ModuleType("llama_cpp")
+    module.Llama, module.__spec__ = Llama, importlib.machinery.ModuleSpec("llama_cpp", None)
+    monkeypatch.setitem(sys.modules, "llama_cpp", module)
+    monkeypatch.setattr(llamacpp.models, "gguf_location", lambda name: (str(tmp_path), "m.gguf"))
+    args = types.SimpleNamespace(model="m", seed=0, max_new_tokens=5, temperature=0.5)
+    w = types.SimpleNamespace(args=args, prompts=[[1, 2], [3]], texts=["a", "b"])
+    table = tables.Table("t")
+    llamacpp.llama_rows(table, w, 1, {"tps": 100.0})
+    (row,) = table.rows
+    assert row[0] == "llama.cpp" and float(row[2].replace(",", "")) > 0 and row[4].startswith("ours/llama")
+
+
+def test_sdpa_decode_attention_equals_the_two_matmuls():
+    from infra import fastpath
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(shape, generator=g) for shape in ((3, 4, 1, 8), (3, 2, 6, 8), (3, 2, 6, 8)))
+    bias = torch.zeros(3, 6)
+    bias[0, :2] = float("-inf")  # a padded prompt
+    assert_close(sampler.sdpa_decode_attention(q, k, v, bias, 0.35), fastpath.decode_attention(q, k, v, bias, 0.35))
+
+
+def test_the_gpu_models_tokenizer_covers_its_vocabulary(tmp_path):
+    from transformers import AutoTokenizer
+    gpu.write_tokenizer(str(tmp_path), 1024, 1000)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(tok) == 1024 and tok.eos_token_id == tok.pad_token_id == 1000
+    assert len(tok("ab c\n")["input_ids"]) == 5 and tok.decode(tok("x + 1?\n")["input_ids"]) == "x + 1?\n"
+    assert tok.decode([500, 3]) != "" and tok.decode([1023]) == "<1023>"  # whatever is sampled decodes to text
+
+
+def test_length_parity_grader():
+    stats = reward.new_stats()
+    assert [reward.GRADERS["length-parity"](t, "7", stats) for t in ("ab", "abc", "")] == [True, False, True]
+    assert stats["graded"] == 3 and reward.GRADERS["math"]("so \\boxed{7}", "7") is True
+
+
+def test_the_gpu_table_on_the_cpu(monkeypatch, capsys):
+    # --gpu --device cpu (2 layers of the real widths), here at small widths too so that it takes seconds: every
+    # part, OAR-P through its short response
+    small = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1024, bos_token_id=1000, eos_token_id=1000, pad_token_id=1000)
+    monkeypatch.setattr(gpu, "REDUCED", gpu.Sizes(small, 96, 2, 8, 8, 6, 6, 4, 2, 1, 1))
+    table = bench.main(["--gpu", "--device", "cpu", "--methods", "grpo,oar-p"] + FEW)
+    out = capsys.readouterr().out
+    assert out.startswith("bench --gpu: Qwen2.5-Math-1.5B's configuration, 2 layers")
+    assert len(rows(table, "machine")) == 6
+    memory = rows(table, "memory")
+    for setting in ("recipe", "smaller"):
+        phases = [r for r in memory if r[1].startswith(setting + ":")]  # sampling, training, optimizer step
+        assert len(phases) == 3 and all(r[2].endswith("GiB") and r[3].startswith("plan") for r in phases), phases
+    assert any(r[1].startswith("LoRA:") for r in memory)  # measured, or skipped without peft
+    oar = [r for r in memory if r[1].startswith("OAR-G at its default chunk")]  # measured, then the recipe's plan
+    assert len(oar) == 2 and all("advantage" in r[1] and r[3].startswith("plan") for r in oar)
+    assert oar[0][2].endswith("GiB") and oar[1][2] == "not run"
+    step = rows(table, "step")
+    assert [r[1].split(":")[0] for r in step] == ["grpo", "oar-p*", "* with --max-new-tokens 4"]
+    assert all(float(r[2]) > 0 for r in step[:2]) and "one forward per reasoning token" in step[2][1]
+    sampled = rows(table, "sampler")
+    assert [r[1].split(":")[0] for r in sampled] == ["two-matmul attention", "SDPA attention"]
+    assert all(r[3].startswith("generate") and r[4].endswith("x") for r in sampled)

@@ -1,0 +1,74 @@
+"""The machine's own limits, measured in the same run as what is held against them: matrix products at the
+model's shapes (float32 and bf16, FLOP/s) and memory bandwidth (bytes/s). The sampler's and the training step's
+shares of them are computed where those are measured (sampler.py, steps.py)."""
+import statistics
+import time
+
+from tools.benchparts.table import Table, rate
+
+
+GiB = 1024 ** 3
+
+
+def sync(device: str):
+    import torch
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def seconds_per_call(fn, device: str, min_seconds: float = 0.2, windows: int = 3) -> float:
+    """Median over `windows` of the seconds one call of fn takes, each window repeating it for at least
+    min_seconds, after a warm-up call."""
+    fn()
+    sync(device)
+    out = []
+    for _ in range(windows):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            sync(device)
+            if time.perf_counter() - t0 >= min_seconds:
+                break
+        out.append((time.perf_counter() - t0) / n)
+    return statistics.median(out)
+
+
+def matmul_rate(rows: int, inner: int, outer: int, dtype, device: str) -> float:
+    """FLOP/s of x W^T, x [rows, inner], W [outer, inner], as nn.Linear computes a projection."""
+    import torch
+    x = torch.randn(rows, inner, device=device).to(dtype)
+    w = torch.randn(outer, inner, device=device).to(dtype)
+    return 2 * rows * inner * outer / seconds_per_call(lambda: torch.nn.functional.linear(x, w), device)
+
+
+def bandwidth(device: str, gib: float) -> dict:
+    """Bytes a second: reading (a sum over `gib` GiB of float32) and copying (read and write, counted twice)."""
+    import torch
+    x = torch.ones(int(gib * GiB) // 4, device=device)
+    y = torch.empty_like(x)
+    read = x.numel() * 4 / seconds_per_call(lambda: x.sum(), device, windows=3)
+    copy = 2 * x.numel() * 4 / seconds_per_call(lambda: y.copy_(x), device, windows=3)
+    return {"read": read, "copy": copy}
+
+
+def machine_rows(table: Table, cfg, decode_rows: int, train_tokens: int, device: str, gib: float) -> dict:
+    """The machine's own limits at the model's shapes, measured now: the MLP's up projection [rows, H] x [H, I] at
+    the decode batch and at a training micro-batch's tokens, in float32 and bf16, and the memory bandwidth.
+    Returns {"float32"/"bfloat16": {"decode"/"train": FLOP/s}, "read"/"copy": bytes/s}."""
+    import torch
+    H, I = cfg.hidden_size, cfg.intermediate_size
+    limits = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).split(".")[1]
+        limits[name] = {}
+        for shape, rows in (("decode", decode_rows), ("train", train_tokens)):
+            limits[name][shape] = matmul_rate(rows, H, I, dtype, device)
+            ratio = limits[name][shape] / limits["float32"][shape]
+            table.row("machine", f"{name} matmul, {shape} shape [{rows} x {H}] x [{H} x {I}]",
+                      rate(limits[name][shape], "FLOP/s"), "float32" if name != "float32" else "",
+                      f"{ratio:.2f}x" if name != "float32" else "")
+    bw = bandwidth(device, gib)
+    table.row("machine", f"memory bandwidth, reading {gib:g} GiB (a sum)", rate(bw["read"], "B/s"))
+    table.row("machine", f"memory bandwidth, copying {gib:g} GiB (read + write)", rate(bw["copy"], "B/s"))
+    return {**limits, **bw}

@@ -1,0 +1,69 @@
+"""TRL's GRPOTrainer at the benchmark's setting: its seconds a step against ours (--trl; requirements/trl.txt)."""
+import contextlib
+import random
+import sys
+import tempfile
+import time
+
+from tools.benchparts.table import Table, median, progress
+from tools.benchparts.workload import Setting, Workload
+
+
+def trl_seconds(w: Workload, steps: int, warmup: int) -> float:
+    """Seconds a step of TRL's GRPOTrainer at the workload's setting: B prompts x G completions a step (one optimizer
+    step per B x G), the same length limit, temperature (top-k and top-p off), learning rate, precision, grader and
+    problems (train.py's, in its order), beta 0. TRL's defaults otherwise, but gradient checkpointing off, as ours is
+    (TRL turns it on). Timed from step begin to step end by a callback; the median after the warm-up. It trains
+    w.model in place."""
+    try:
+        from datasets import Dataset
+        from transformers import TrainerCallback
+        from trl import GRPOConfig, GRPOTrainer
+    except ImportError as e:
+        raise RuntimeError(f"{e}: pip install -r requirements/trl.txt (measured with trl 1.16.0)") from None
+    import reward
+    a = w.args
+    qs = w.problems.draw(random.Random(a.seed), a.prompts_per_step * steps)
+    data = Dataset.from_list([{"prompt": q["prompt"], "answer": q["answer"]} for q in qs])
+    grade = reward.GRADERS[a.grader]
+
+    def correct(prompts, completions, answer, **kwargs):
+        return [float(grade(c, g) is True) for c, g in zip(completions, answer)]
+
+    times = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            times.append(time.perf_counter() - self.t0)
+
+    with tempfile.TemporaryDirectory() as d:
+        cfg = GRPOConfig(output_dir=d, per_device_train_batch_size=a.prompts_per_step * a.group_size,
+                         gradient_accumulation_steps=1, num_generations=a.group_size,
+                         max_completion_length=a.max_new_tokens, temperature=a.temperature, top_k=0, top_p=1.0,
+                         learning_rate=a.lr, beta=0.0, num_iterations=1, max_steps=steps,
+                         use_cpu=a.device == "cpu", bf16=a.bf16, gradient_checkpointing=None, report_to="none",
+                         save_strategy="no", logging_steps=1000, disable_tqdm=True, seed=a.seed)
+        trainer = GRPOTrainer(model=w.model, processing_class=w.tok, reward_funcs=correct, args=cfg,
+                              train_dataset=data, callbacks=[Timer()])
+        with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its metrics: stdout is the table's
+            trainer.train()
+    return median(times[warmup:])
+
+
+def trl_rows(table: Table, w: Workload, setting: Setting, ours: dict):
+    """TRL's seconds a step, against our first method's."""
+    progress(f"TRL GRPOTrainer, {setting.steps} steps")
+    try:
+        t = trl_seconds(w, setting.steps, setting.warmup)
+    except RuntimeError as e:
+        table.row("trl", f"skipped: {e}")
+        return
+    mine = next(iter(ours.values()), None) if ours else None
+    timed = f"step {setting.steps}" if setting.steps == setting.warmup + 1 else \
+        f"median of steps {setting.warmup + 1}-{setting.steps}"
+    table.row("trl", f"TRL GRPOTrainer: s/step ({timed})", f"{t:.3f}",
+              f"ours {next(iter(ours))} {mine['time_step']:.3f}" if mine else "",
+              f"ours/TRL {mine['time_step'] / t:.2f}" if mine else "")

@@ -1,0 +1,117 @@
+"""What each model is benchmarked on (train.py's flags and the benchmark's counts), and what the in-process parts
+share: train.py's settings, model, tokenizer and first prompts."""
+import contextlib
+import os
+import random
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+
+from infra import models
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A model's benchmark: train.py's flags for its data, batch, lengths, temperature and grader (the sampler,
+    TRL and the machine's shapes read the same ones), how many steps a run takes and how many are left out as
+    warm-up, how many runs each method gets (taking turns; with more than one a first run is thrown away, since a
+    first process after an idle spell runs slower), the sampler's timed repetitions, and the flags added for a rule
+    that runs one forward per reasoning token (methods.Rule.scoring "forward": OAR-P), which at real lengths would
+    take most of the benchmark's time. The defaults are a real model's (see SETTINGS)."""
+    flags: tuple
+    steps: int = 2
+    warmup: int = 1
+    rounds: int = 1
+    repeat: int = 1
+    short: tuple = ()
+
+
+# The SmolLM2 recipe (docs/real-models.md): 8 prompts x 8 rollouts, 40 new tokens, temperature 0.5. Real models are
+# graded by length parity (reward.GRADERS): with the real grader many of SmolLM2's groups agree in its first steps
+# (docs/LOG.md), and a 0.5B model cannot finish a GSM8K answer in 40 tokens; train.py skips the rollouts of such
+# groups, so the training seconds would measure luck. Under length parity nearly every group mixes and a step does
+# its full work, in every method and in TRL alike.
+RECIPE = ("--prompts-per-step", "8", "--group-size", "8", "--max-new-tokens", "40", "--temperature", "0.5", "--lr",
+          "2e-5", "--warmup-steps", "3", "--grader", "length-parity")
+SHORT = ("--max-new-tokens", "16")
+
+# A real model's counts are sized so that `bench.py --model smollm2-135m --threads 2` ends within 20 minutes on the
+# 2-core machine. docs/LOG.md measured the recipe's step at 23 s of sampling and 20 s of training (--threads 1, two
+# runs at once) and at 51 s in all (--threads 2, the machine shared). The tiny model's shares of the machine (its
+# decoding about 40 % of the decode-shape matmul, its training MFU about 50 %, at 1 thread) applied to SmolLM2's
+# 134M multiplying weights agree: 64 rows x 40 decode steps, and about 2,600 tokens trained on at 6 x 134M FLOPs
+# each, take 15-20 s each at the 100-200 GFLOP/s of 2 threads in float32. Taking 51 s a step for grpo, ktae and
+# entropy, about 75 s for oar-g (its backward to the embeddings costs about a training pass more) and 60 s for oar-p
+# (16 tokens, one forward each; at 40 tokens it would be 2.5x longer), and 20 s a run for its start, train.py's two
+# evaluations (BENCH_FLAGS) and its checkpoint, two steps a method (the first a warm-up) take
+# 2 x (3 x 51 + 75 + 60) + 5 x 20 = 676 s. The sampler: ours about a step's sampling (25 s), model.generate at most
+# 1.9x that (its ratio on the tiny model, where overhead dominates; less where matrix products do), greedy and
+# sampled, a warm-up and a timed turn each: 2 x 2 x 73 = 292 s. The machine's limits and the model's load: under
+# 30 s. About 17 minutes in all; --trl adds about 4 (two TRL steps, each at most twice ours, and a reload). Each step
+# more a method adds about 5 minutes, each sampler repetition 2.5.
+SETTINGS = {
+    # the tiny default as earlier entries of docs/LOG.md measured it: 16 prompts x 8, 48 new tokens, the real grader
+    "tiny": Setting(("--prompts-per-step", "16", "--group-size", "8"), steps=14, warmup=4, rounds=2, repeat=11),
+    "smollm2-135m": Setting(("--dataset", "arith") + RECIPE, short=SHORT),
+    # about 5x (0.5B) and 13x (1.5B) SmolLM2's work: one and three hours on 2 cores
+    "qwen2.5-coder-0.5b": Setting(("--dataset", "gsm8k") + RECIPE, short=SHORT),
+    "qwen2.5-coder-1.5b": Setting(("--dataset", "gsm8k") + RECIPE, short=SHORT),
+}
+OTHER = Setting(("--dataset", "arith") + RECIPE, short=SHORT)  # any other model: problems made here, no files needed
+# train.py evaluates at step 0 and at its last step, and saves a checkpoint at its last, whatever these say: none in
+# between, and each evaluation a few problems
+BENCH_FLAGS = ("--eval-every", "1000000", "--save-every", "1000000", "--eval-limit", "8", "--eval-batch-size", "8")
+
+
+@dataclass
+class Workload:
+    """What every in-process part shares: train.py's settings (config.parse_args of the same flags, presets and checks
+    included), the model and tokenizer as train.py loads them, on its device, and the prompts of train.py's first
+    step (the same problems, drawn with the same seed)."""
+    args: object
+    model: object
+    tok: object
+    problems: object
+    config: object  # the model's config (the model itself may be freed)
+    prompts: list  # token-id lists of the first step's B prompts
+    texts: list  # their text
+
+    @property
+    def prompt_tokens(self) -> float:
+        return statistics.mean(len(p) for p in self.prompts)
+
+
+def load_workload(model_name: str, flags) -> Workload:
+    """train.py's settings, model, tokenizer and first prompts for --model model_name and these flags."""
+    import config
+    import data
+    args = config.parse_args(["--model", model_name, *flags, "--run-dir", os.path.join(tempfile.gettempdir(), "x")])
+    with contextlib.redirect_stdout(sys.stderr):  # what the loaders say; stdout is the table's
+        model, tok, _ = models.load_model(args.model, world=data.dataset(args.dataset).world)
+        model.to(args.device).eval()
+        problems = data.run_problems(args.dataset, args.eval_dataset, tok, data_dir=args.data_dir,
+                                     eval_limit=args.eval_limit, pool_size=args.problem_pool, seed=args.seed)
+    qs = problems.draw(random.Random(args.seed), args.prompts_per_step)  # as train.py's first step draws them
+    return Workload(args, model, tok, problems, model.config, [tok(q["prompt"])["input_ids"] for q in qs],
+                    [q["prompt"] for q in qs])
+
+
+def matmul_parameters(cfg) -> dict:
+    """The weights that multiply: the layers' projections, and the output layer (V x H, tied or not). Embedding
+    lookups, norms and biases do no matrix product and are not counted."""
+    from infra import memory
+    n = memory.parameters(cfg)
+    return {"layers": n["projections"], "output layer": cfg.vocab_size * cfg.hidden_size}
+
+
+def overridden(setting: Setting, args) -> Setting:
+    """The setting with the counts given on the command line (--steps, --warmup, --rounds, --repeat); one line and
+    exit where they leave no step to time."""
+    import dataclasses
+    given = {k: getattr(args, k) for k in ("steps", "warmup", "rounds", "repeat") if getattr(args, k) is not None}
+    s = dataclasses.replace(setting, **given)
+    if s.steps <= s.warmup or min(s.rounds, s.repeat) < 1 or s.warmup < 0:
+        sys.exit(f"bench.py: --steps {s.steps} --warmup {s.warmup} --rounds {s.rounds} --repeat {s.repeat}: a run's "
+                 f"medians are of its steps after the warm-up, and each count is at least 1")
+    return s
