@@ -253,6 +253,9 @@ def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int, scoring: str = None):
                (f"--gen-batch-size {max(1, (args.gen_batch_size or args.prompts_per_step) // 4)}",
                 {"gen_rollouts": max(1, (args.gen_batch_size or args.prompts_per_step) // 4) * args.group_size})]
     peak_with = lambda change: max(sum(v.values()) for v in memory_plan(cfg, **{**settings, **change}).values())
+    if settings["oar_chunk"] > 1:  # OAR scores this many rollouts at once: the largest smaller chunk that fits
+        fits = [c for c in range(settings["oar_chunk"] - 1, 0, -1) if peak_with({"oar_chunk": c}) <= gpu_bytes]
+        options.append((f"--oar-chunk {fits[0] if fits else 1}", {"oar_chunk": fits[0] if fits else 1}))
     helpful, together = [], {}
     for flag, change in options:
         if all(settings[k] == v for k, v in change.items()) or (flag == "--ref-on-cpu" and args.beta == 0) \
