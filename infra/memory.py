@@ -146,8 +146,10 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     the activations of each chunk for its backward to the embeddings, OAR-P none (no gradient).
     Training forward of `micro_batch` rows: the activations autograd keeps, per token and layer about
     10 H + 2 kv + 4 I values (norm inputs, q/k/v, attention output, the MLP's gate, up, SiLU and product), a
-    group's prompt once (sample.token_logprobs shares it); with gradient checkpointing only each layer's input H is
-    kept, plus one layer's full set while it is recomputed. The output layer runs `chunk_tokens` tokens at a time:
+    group's prompt once (sample.token_logprobs shares it), at 4 bytes each even under --bf16: autocast leaves the
+    residual stream, the norms and the softmax in float32, and a 1.5B LoRA step under it kept 1.8 times the 2-byte
+    count (docs/gpu.md). With gradient checkpointing only each layer's input H is kept, plus one layer's full set
+    while it is recomputed. The output layer runs `chunk_tokens` tokens at a time:
     logits, softmax and their gradient in float32.
     """
     n = parameters(cfg, lora_rank, lora_targets)
@@ -197,7 +199,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
         "gradients (float32)": 4 * trains,
         f"activations: {micro_batch} rows x {max_new_tokens} tokens, {prompt_len}-token prompts"
         + (" (checkpointed)" if grad_checkpointing else ""):
-            tokens * act * (L * H + per_layer if grad_checkpointing else L * per_layer),
+            tokens * 4 * (L * H + per_layer if grad_checkpointing else L * per_layer),
         f"output layer, {chunk_tokens} tokens at a time": min(chunk_tokens, micro_batch * max_new_tokens) * V
         * (3 * 4 + act),
     }
