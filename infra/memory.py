@@ -191,6 +191,9 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
                 scored * L * per_layer * 4} if oar_gradient else {}),
             "OAR's output layer, a few columns a row": 3 * oar_chunk * 4 * V * 4,
         }
+        if lora_rank and bf16 and n["output layer"]:  # sample.float32 upcasts a bf16 layer's weight per product:
+            # the untied output layer's is the largest (measured: OAR-P's phase 5.2 GiB at 1.5B, 4.0 planned without)
+            plan["advantage"]["float32 copy of the bf16 output layer, while used"] = 4 * n["output layer"]
     micro_batch = min(micro_batch, rollouts)  # a micro-batch holds at most the step's rollouts
     rows_prompts = min(micro_batch, max(1, rollouts // max(group_size, 1)))  # a micro-batch's distinct prompts
     tokens = micro_batch * max_new_tokens + (micro_batch if grad_checkpointing else rows_prompts) * prompt_len

@@ -139,3 +139,15 @@ def test_a_phase_peak_on_the_cpu_is_not_the_memory_the_last_phase_freed():
     peaks.end("sampling")
     peaks.end("advantage")  # nothing allocated in between
     assert peaks.step["sampling"] > 500 * 2**20 and peaks.step["advantage"] < 100 * 2**20
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_oar_on_a_bf16_lora_base_plans_the_float32_copy_of_an_untied_output_layer(tied):
+    # sample.float32 computes each bf16 layer in float32 from an upcast copy of its weight, made per product: the
+    # largest is an untied output layer, 151,936 x 1536 x 4 bytes = 0.87 GiB; a tied one is the float32 embeddings
+    cfg = Qwen2Config(num_hidden_layers=2, **{**QWEN15, "tie_word_embeddings": tied})
+    settings = dict(rollouts=8, gen_rollouts=8, prompt_len=128, max_new_tokens=32, micro_batch=8, bf16=True,
+                    grad_checkpointing=False, beta=0.0, ref_on_cpu=False, group_size=4, lora_rank=32, oar_chunk=8)
+    advantage = memory.memory_plan(cfg, **settings)["advantage"]
+    copy = advantage.get("float32 copy of the bf16 output layer, while used", 0)
+    assert copy == (0 if tied else 151_936 * 1536 * 4)
