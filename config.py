@@ -140,10 +140,11 @@ def add_shared_flags(p: argparse.ArgumentParser):
                         f"hub name")
     p.add_argument("--data-dir", default=data.DATA_DIR, help="where the benchmark files are (else: the hub)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, ...")
-    p.add_argument("--bf16", action="store_true",
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="compute in bf16: weights that do not train are held in bf16 (evaluate.py's model, the "
                         "reference model); weights that train keep float32 and run under bf16 autocast, since a "
-                        "1e-6 update is below a bf16 weight's precision")
+                        "1e-6 update is below a bf16 weight's precision (default: on for a real model where the "
+                        "device has bf16 hardware, a GPU or a CPU with AVX512-BF16; off for the tiny world)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice; on a "
                                                              "shared machine pass what is yours)")
 
@@ -159,7 +160,8 @@ def number(text: str) -> float:
 
 def check_shared(p, args):
     """The checks of add_shared_flags' values: a path that is empty, a thread count this machine does not have, a
-    device that torch does not know or that is not here (a CUDA device on a machine without one)."""
+    device that torch does not know or that is not here (a CUDA device on a machine without one); then --bf16's
+    default, which depends on the device."""
     for flag in ("model", "data_dir"):
         if not getattr(args, flag).strip():
             p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)!r}: empty")
@@ -168,6 +170,8 @@ def check_shared(p, args):
     why = device_problem(args.device)
     if why and not (getattr(args, "dry_run", False) and "not a device" not in why):  # a plan for a GPU elsewhere
         p.error(f"--device {args.device}: {why}")
+    if args.bf16 is None:  # the default follows the hardware (models.bf16_default)
+        args.bf16 = models.bf16_default(args.model, args.device)
 
 
 def threads_problem(threads: int):

@@ -93,6 +93,7 @@ def loop(run):
             continue
         qs, batch = got["problems"], got["batch"]
         t_sample = time.time() - t_step
+        run.peaks.seen["prompt_len"] = batch["prompt_len"]  # an out-of-memory record then says what ran
         run.peaks.end("sampling")
 
         # ---- 2. reward: the last \boxed{} against the gold answer; DAPO: +-1 and the D4 length penalty -----------

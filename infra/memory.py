@@ -68,10 +68,11 @@ class Peaks:
 
     def __init__(self, device: str, rss_at_start: int):
         self.device, self.base, self.step, self.run, self.current = device, rss_at_start, {}, 0, None
+        self.seen = {}  # what the plan depends on, once the step knows it (the prompt length): logged with the peaks
 
     def start(self):
         """A new step: its phases' figures start empty."""
-        self.step, self.current = {}, next(iter(self.PHASES))
+        self.step, self.current, self.seen = {}, next(iter(self.PHASES)), {}
         reset_peak(self.device)
 
     def end(self, phase: str):
@@ -84,7 +85,8 @@ class Peaks:
 
     def record(self) -> dict:
         """The step's figures for metrics.jsonl, in GiB: peak_memory_gib (the run's so far) and peak_PHASE_gib."""
-        return {"peak_memory_gib": self.run / GiB, **{f"peak_{k}_gib": v / GiB for k, v in self.step.items()}}
+        return {**self.seen, "peak_memory_gib": self.run / GiB,
+                **{f"peak_{k}_gib": v / GiB for k, v in self.step.items()}}
 
 
 def out_of_memory(error: BaseException) -> bool:
@@ -197,12 +199,16 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     micro_batch = min(micro_batch, rollouts)  # a micro-batch holds at most the step's rollouts
     rows_prompts = min(micro_batch, max(1, rollouts // max(group_size, 1)))  # a micro-batch's distinct prompts
     tokens = micro_batch * max_new_tokens + (micro_batch if grad_checkpointing else rows_prompts) * prompt_len
+    activations = tokens * 4 * (L * H + per_layer if grad_checkpointing else L * per_layer)
+    # the backward frees each layer's activations as it makes that layer's gradients, so the two coexist only where
+    # the gradients outgrow what was freed, and at the start, where the output layer's gradient sits beside them all
+    # (a full-parameter 1.5B step measured 17.6 GiB; counting both whole planned 26.6)
+    extra_gradients = max(4 * trains - activations, 0 if lora_rank else 4 * n["output layer"])
     plan["training forward and backward"] = {
         **states, **autocast,
-        "gradients (float32)": 4 * trains,
+        "gradients (float32) beyond the activations they replace": extra_gradients,
         f"activations: {micro_batch} rows x {max_new_tokens} tokens, {prompt_len}-token prompts"
-        + (" (checkpointed)" if grad_checkpointing else ""):
-            tokens * 4 * (L * H + per_layer if grad_checkpointing else L * per_layer),
+        + (" (checkpointed)" if grad_checkpointing else ""): activations,
         f"output layer, {chunk_tokens} tokens at a time": min(chunk_tokens, micro_batch * max_new_tokens) * V
         * (3 * 4 + act),
     }

@@ -12,6 +12,14 @@ torch.set_num_threads(THREADS)
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def float32_unless_asked(monkeypatch):
+    """--bf16's default follows the hardware (infra/models.bf16_default): the suite pins it to float32 so that every
+    CPU runs the same tests; a test that wants bf16 passes --bf16, and tests/test_models.py checks the default."""
+    from infra import models
+    monkeypatch.setattr(models, "native_bf16", lambda device: False)
+
+
 def assert_close(actual, expected, rel: float = 1e-5, scale: float = None, what: str = ""):
     """max|actual - expected| <= rel * scale, scale = max|expected| unless given (tiny if 0).
 

@@ -266,3 +266,15 @@ def test_a_loaded_model_keeps_no_file_mapped(base, tmp_path):
     weights = str(tmp_path / "m" / "model.safetensors")
     assert os.path.exists(weights) and weights not in open("/proc/self/maps").read()
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+
+
+@pytest.mark.parametrize("hardware", [False, True])
+def test_bf16_is_on_by_default_for_a_real_model_where_the_hardware_has_it(monkeypatch, hardware):
+    # measured: bf16 4.3x float32 with AVX512-BF16, 0.84x with AVX512 alone, 0.012x with AVX2 alone
+    import config
+    monkeypatch.setattr(models, "native_bf16", lambda device: hardware)
+    assert config.parse_args(["--model", "smollm2-135m"]).bf16 is hardware
+    assert config.parse_args(["--model", "smollm2-135m", "--no-bf16"]).bf16 is False
+    assert config.parse_args(["--model", "smollm2-135m", "--bf16"]).bf16 is True
+    assert config.parse_args([]).bf16 is False  # the tiny world stays float32
+    assert models.bf16_default("qwen2.5-coder-1.5b", "cpu") is hardware

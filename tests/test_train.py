@@ -155,4 +155,5 @@ def test_out_of_memory_is_one_line_naming_the_phase_and_keeps_the_checkpoint(bas
                                         f"bytes. Error code 12")
     assert last["step"] >= 2 and last["out_of_memory"] == "training forward and backward"
     assert last["peak_sampling_gib"] > 0 and last["peak_memory_gib"] >= last["peak_sampling_gib"]
+    assert last["prompt_len"] > 0  # what tools/memcheck.py plans the failed step with
     assert torch.load(run_dir / "checkpoint" / "state.pt", weights_only=False)["step"] == last["step"] - 1
