@@ -144,8 +144,8 @@ def assemble(name: str, alias: Packaged, flag: str = "--model") -> str:
 def native_bf16(device: str) -> bool:
     """Whether `device` multiplies bf16 matrices in hardware: a CUDA GPU that supports bf16, or a CPU with AVX512-BF16
     (or AMX) under oneDNN. Measured on this project's CPU (docs/LOG.md, 2026-11-24), bf16 against float32 at a 1.5B's
-    shapes: 4.3x with AVX512-BF16; 0.84x with AVX512 alone (oneDNN capped at AVX512_CORE); 0.012x with AVX2 alone,
-    where torch falls back to a scalar loop."""
+    shapes: 4.3x with AVX512-BF16; 0.84x with AVX512 alone (oneDNN capped at AVX512_CORE); 0.012x with AVX2 alone
+    (oneDNN capped at AVX2)."""
     if device.startswith("cuda"):
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
@@ -154,7 +154,7 @@ def native_bf16(device: str) -> bool:
 
 def bf16_default(name: str, device: str) -> bool:
     """--bf16 when neither --bf16 nor --no-bf16 is given: on for a real model where the device computes bf16 in
-    hardware (the SmolLM2 recipe's step took 7.8 s against 13.1 s in float32 on this CPU), off elsewhere; off for the
+    hardware (the SmolLM2 recipe's step took 7.9 s against 13.1 s in float32 on this CPU), off elsewhere; off for the
     tiny world, whose results and tests are float32's."""
     return not isinstance(MODELS.get(name), TinyWorld) and native_bf16(device)
 

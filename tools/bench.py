@@ -26,7 +26,7 @@ benchparts/workload.py's SETTINGS.
 the plan against each phase's measured peak at docs/gpu.md's recipe, at a smaller setting and with LoRA; seconds a
 step of grpo, ktae, oar-g and oar-p (OAR-P on a short response); our sampler with SDPA and with the two-matmul
 decode attention against model.generate; OAR-G's peak at its default chunk (and its plan at the recipe's
-length, which no single GPU holds).
+length, where only a smaller chunk fits: `--dry-run` names it).
 
 Timings depend on the machine and on what else runs on it: docs/LOG.md has what these commands measured, dated.
 """
