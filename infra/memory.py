@@ -11,7 +11,9 @@ GiB = 1024 ** 3
 
 
 def rss_bytes() -> int:
-    """The process's resident memory now (Linux), 0 where /proc is missing."""
+    """The process's resident memory now (Linux), 0 where /proc is missing: after freed memory goes back to the
+    system, as before each phase's peak (reset_peak), so that the two compare."""
+    release_freed_memory()
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
