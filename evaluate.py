@@ -143,7 +143,8 @@ def run_benchmark(model, tokenizer, name: str, loaded: tuple, args) -> dict:
     # every problem's greedy response and verdict, for a reader to look at and a second grader to check
     # (tools/check_eval.py)
     per_problem = [{"where": p["where"], "gold": g, "greedy": r, "correct": v, "tokens": n}
-                   for p, g, r, v, n in zip(problems, golds, greedy["responses"], greedy["verdicts"], greedy["lengths"])]
+                   for p, g, r, v, n in zip(problems, golds, greedy["responses"], greedy["verdicts"],
+                                            greedy["lengths"])]
     if args.k > 1:
         torch.manual_seed(args.seed)
         sampled = score(model, tokenizer, prompts, golds, k=args.k, temperature=args.temperature,

@@ -45,7 +45,8 @@ def wrap(model, rank: int, alpha: float, targets=TARGETS, bf16_base: bool = Fals
     if bf16_base:  # a tied output layer is the embedding: it stays float32 (autocast casts it for its product)
         embedding = model.get_input_embeddings().weight
         for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and not module.weight.requires_grad and module.weight is not embedding:
+            linear = isinstance(module, torch.nn.Linear)
+            if linear and not module.weight.requires_grad and module.weight is not embedding:
                 module.to(torch.bfloat16)
     return wrapped
 

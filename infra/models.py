@@ -10,8 +10,9 @@ index, a GGUF file, a local Hugging Face directory, or a hub name (online only).
 
 A GGUF file holds quantised weights. transformers de-quantises them on load, but the model it returns stays
 marked as GGUF-quantised and save_pretrained refuses it; load_gguf() takes the marks off, so that every checkpoint
-of a run is a normal float32 directory that AutoModelForCausalLM and AutoTokenizer open. A packaged model is converted once and cached as such a directory (.cache/NAME), which
-later loads in seconds instead of the GGUF's minute.
+of a run is a normal float32 directory that AutoModelForCausalLM and AutoTokenizer open. A packaged model is
+converted once and cached as such a directory (.cache/NAME), which later loads in seconds instead of the GGUF's
+minute.
 
 train.py and evaluate.py both load through load_model(), so an offline machine gets the same one-line error from
 either: the directory is missing, the package is not installed, or the hub cannot be reached.

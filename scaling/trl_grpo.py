@@ -110,8 +110,8 @@ def our_batch(prompt_ids, prompt_mask, completion_ids, lengths, end_ids) -> dict
 
 def rule_advantages(rule: str, batch: dict, rewards, mask, ctx, rows: slice) -> methods.TokenAdvantages:
     """The rule on the gathered batch (groups of G consecutive rows; rewards [B, G], mask [N, T]), for `rows`.
-    A rule that scores each rollout alone with the policy (methods.Rule.scoring, OAR) runs on the groups that hold those rows
-    only; any other on the whole batch."""
+    A rule that scores each rollout alone with the policy (methods.Rule.scoring, OAR) runs on the groups that hold
+    those rows only; any other on the whole batch."""
     G = rewards.shape[1]
     if not methods.RULES[rule].scoring:
         adv = methods.RULES[rule].advantages(batch, rewards, mask, ctx)

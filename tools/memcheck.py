@@ -54,7 +54,8 @@ def compare(run_dir: str) -> list:
 
 
 def table(rows: list) -> str:
-    lines = ["| method | phase | plan (GiB) | measured (GiB) | measured / plan | seconds |", "|---|---|---|---|---|---|"]
+    lines = ["| method | phase | plan (GiB) | measured (GiB) | measured / plan | seconds |",
+             "|---|---|---|---|---|---|"]
     for method, phase, plan, measured, seconds in rows:
         cells = [f"{measured:.2f}", f"{measured / plan:.2f}"] if measured is not None else ["not reached", ""]
         lines.append(f"| {method} | {phase} | {plan:.2f} | {' | '.join(cells)} | "
