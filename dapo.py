@@ -19,7 +19,8 @@ import sample
 
 
 def signed_reward(correct: torch.Tensor) -> torch.Tensor:
-    """DAPO's correctness reward: +1 if correct, -1 otherwise. correct [...] bool -> float."""
+    """DAPO's correctness reward, the base D4's penalty is added to (--signed-reward): +1 if correct, -1 otherwise.
+    correct [...] bool -> float."""
     return correct.float() * 2 - 1
 
 

@@ -87,7 +87,8 @@ def outcome_probe(logits: torch.Tensor, probe_mask: torch.Tensor, mode: str) -> 
 
 
 def kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
-    """KL(P || Q) = sum_v P(v) (log P(v) - log Q(v)) per row: [n, V], [n, V] -> [n]."""
+    """The divergence in O2's and O3's scores: KL(P || Q) = sum_v P(v) (log P(v) - log Q(v)) per row: [n, V], [n, V]
+    -> [n]."""
     return (logp.exp() * (logp - logq)).sum(-1)
 
 
