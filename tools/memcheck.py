@@ -23,8 +23,7 @@ if __package__ in (None, ""):  # run as a file (python tools/memcheck.py): the p
 import methods  # noqa: E402
 from infra import memory, models  # noqa: E402
 
-PHASES = {"sampling": "sampling", "advantage": "advantage", "training forward and backward": "training",
-          "optimizer step": "optimizer"}  # the plan's phase -> metrics.jsonl's peak_NAME_gib
+PHASES = {plan: short for short, plan in memory.Peaks.PHASES.items()}  # the plan's phase -> peak_SHORT_gib
 STAGES = {"sampling": "time_sample", "advantage": "time_advantage", "training forward and backward": "time_train"}
 
 
