@@ -77,8 +77,10 @@ def reward_functions(args) -> list:
     """TRL reward functions for the base: correctness 1 / 0 (DAPO: +1 / -1, signed_reward) and, where
     overlong_buffer > 0, D4's soft overlong penalty as a second function. TRL sums them (weights 1): the reward
     train.py's rewards_and_mask computes. The dataset's "answer" column reaches them as a keyword."""
+    grade = reward.GRADERS[getattr(args, "grader", "math")]  # train.py's --grader (tools/bench.py's stand-in)
+
     def correctness(completions, answer, **_):
-        ok = torch.tensor([reward.is_correct(c, a) is True for c, a in zip(completions, answer)])  # [n]
+        ok = torch.tensor([grade(c, a) is True for c, a in zip(completions, answer)])  # [n]
         return (dapo.signed_reward(ok) if args.signed_reward else ok.float()).tolist()
 
     def overlong(completion_ids, **_):

@@ -154,6 +154,6 @@ def test_out_of_memory_is_one_line_naming_the_phase_and_keeps_the_checkpoint(bas
                                         f"{last['step']} (can't allocate memory: you tried to allocate 9663676416 "
                                         f"bytes. Error code 12")
     assert last["step"] >= 2 and last["out_of_memory"] == "training forward and backward"
-    assert last["peak_sampling_gib"] > 0 and last["peak_memory_gib"] >= last["peak_sampling_gib"]
+    assert last["peak_sampling_gib"] > 0 and "peak_training_gib" not in last  # the phase that failed has no peak
     assert last["prompt_len"] > 0  # what tools/memcheck.py plans the failed step with
     assert torch.load(run_dir / "checkpoint" / "state.pt", weights_only=False)["step"] == last["step"] - 1

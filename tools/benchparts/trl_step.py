@@ -12,23 +12,21 @@ from tools.benchparts.workload import Setting, Workload
 def trl_seconds(w: Workload, steps: int, warmup: int) -> float:
     """Seconds a step of TRL's GRPOTrainer at the workload's setting: B prompts x G completions a step (one optimizer
     step per B x G), the same length limit, temperature (top-k and top-p off), learning rate, precision, grader and
-    problems (train.py's, in its order), beta 0. TRL's defaults otherwise, but gradient checkpointing off, as ours is
-    (TRL turns it on). Timed from step begin to step end by a callback; the median after the warm-up. It trains
-    w.model in place."""
+    problems (train.py's, in its order), beta 0, and the base's loss and rewards as scaling/trl_grpo.py gives them
+    to TRL (G5's aggregation, D1's clip, DAPO's rewards). TRL's defaults otherwise, but gradient checkpointing off,
+    as ours is (TRL turns it on). Timed from step begin to step end by a callback; the median after the warm-up. It
+    trains w.model in place."""
     try:
         from datasets import Dataset
         from transformers import TrainerCallback
         from trl import GRPOConfig, GRPOTrainer
+
+        from scaling import trl_grpo
     except ImportError as e:
         raise RuntimeError(f"{e}: pip install -r requirements/trl.txt (measured with trl 1.16.0)") from None
-    import reward
     a = w.args
     qs = w.problems.draw(random.Random(a.seed), a.prompts_per_step * steps)
     data = Dataset.from_list([{"prompt": q["prompt"], "answer": q["answer"]} for q in qs])
-    grade = reward.GRADERS[a.grader]
-
-    def correct(prompts, completions, answer, **kwargs):
-        return [float(grade(c, g) is True) for c, g in zip(completions, answer)]
 
     times = []
 
@@ -45,8 +43,10 @@ def trl_seconds(w: Workload, steps: int, warmup: int) -> float:
                          max_completion_length=a.max_new_tokens, temperature=a.temperature, top_k=0, top_p=1.0,
                          learning_rate=a.lr, beta=0.0, num_iterations=1, max_steps=steps,
                          use_cpu=a.device == "cpu", bf16=a.bf16, gradient_checkpointing=None, report_to="none",
-                         save_strategy="no", logging_steps=1000, disable_tqdm=True, seed=a.seed)
-        trainer = GRPOTrainer(model=w.model, processing_class=w.tok, reward_funcs=correct, args=cfg,
+                         save_strategy="no", logging_steps=1000, disable_tqdm=True, seed=a.seed,
+                         **trl_grpo.grpo_config_options(a))
+        trainer = GRPOTrainer(model=w.model, processing_class=w.tok, reward_funcs=trl_grpo.reward_functions(a),
+                              args=cfg,
                               train_dataset=data, callbacks=[Timer()])
         with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its metrics: stdout is the table's
             trainer.train()
