@@ -1,4 +1,5 @@
 import os
+import shutil
 import sys
 
 import torch
@@ -18,6 +19,17 @@ def float32_unless_asked(monkeypatch):
     CPU runs the same tests; a test that wants bf16 passes --bf16, and tests/test_models.py checks the default."""
     from infra import models
     monkeypatch.setattr(models, "native_bf16", lambda device: False)
+
+
+@pytest.fixture(autouse=True)
+def tmp_path_removed_after(request):
+    """Removes each test's tmp_path when the test ends. Tests write real checkpoints (1.6 GB for SmolLM2, 7 GB for
+    the 0.5B with its optimizer state), and pytest keeps every tmp_path of its last three sessions: 28 GB a session,
+    which filled CI's disk on 2026-11-24. Asked for at setup, so tmp_path outlives this teardown."""
+    path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def assert_close(actual, expected, rel: float = 1e-5, scale: float = None, what: str = ""):
