@@ -71,8 +71,11 @@ def score(model, tokenizer, prompts: list, golds: list, *, k: int = 1, temperatu
         idx = order[s:s + batch_size]
         budget = min(max_new_tokens, ctx - max(len(ids[i]) for i in idx))
         capped += budget < max_new_tokens
-        out = sample.generate(model, [ids[i] for i in idx], n=k, max_new_tokens=budget,
-                              temperature=temperature, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+        # a batch of a real model may decode for half an hour: a second bar counts its tokens (up to the budget)
+        with tqdm(total=budget, desc="  new tokens", disable=desc is None, leave=False) as tokens:
+            out = sample.generate(model, [ids[i] for i in idx], n=k, max_new_tokens=budget, temperature=temperature,
+                                  eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                                  on_token=tokens.update)
         resp = tokenizer.batch_decode(out["input_ids"][:, out["prompt_len"]:], skip_special_tokens=True)
         n_tok = out["response_mask"].sum(-1).tolist()  # [len(idx) * k]
         for j, i in enumerate(idx):

@@ -128,13 +128,13 @@ class OwnDecoder:
 
 
 def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperature: float, eos_id: int,
-             pad_id: int, fast: bool = None) -> dict:
+             pad_id: int, fast: bool = None, on_token=None) -> dict:
     """Sample n completions for each prompt (token-id lists). temperature 0 means greedy.
 
     The log-probs are those of the distribution the token was drawn from, softmax(logits / temperature)
     (softmax(logits) when greedy); token_logprobs() with the same temperature reproduces them.
     fast: None decodes through fastpath.Decoder where fastpath.decodes(model), else OwnDecoder; False forces
-    OwnDecoder (the tests compare the two).
+    OwnDecoder (the tests compare the two). on_token: called once per decode step (a progress bar's update).
     """
     was_training = model.training
     model.eval()
@@ -169,6 +169,8 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
             done = (nxt == eos_id) & ~finished  # [A] rows that end here
             lengths[active[done]] = t + 1
             finished |= done
+            if on_token is not None:
+                on_token()
             if finished.all() or t == max_new_tokens - 1:
                 break
             # Finished rows leave the batch (their cache rows too), but only once DROP_SHARE of it has finished:

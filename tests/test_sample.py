@@ -40,9 +40,11 @@ def test_temperature_is_applied_in_both_places(base):
 def test_eos_stays_in_the_mask_when_pad_is_eos(base):
     model, tok = base
     assert tok.pad_token_id == tok.eos_token_id
+    steps = []
     out = sample.generate(model, prompts(tok, 6, seed=3), max_new_tokens=40, temperature=0.0,
-                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, on_token=lambda: steps.append(1))
     resp, mask = out["input_ids"][:, out["prompt_len"]:], out["response_mask"]
+    assert len(steps) == mask.shape[1] < 40  # one call a decode step, up to the longest row's EOS (evaluate's bar)
     for i in range(resp.shape[0]):
         n = int(mask[i].sum())
         assert resp[i, n - 1] == tok.eos_token_id  # the last masked token is the EOS itself
