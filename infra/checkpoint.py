@@ -29,9 +29,11 @@ import torch
 CHECKPOINT, PREVIOUS, TMP = "checkpoint", "checkpoint.prev", "checkpoint.tmp"
 MANIFEST = "manifest.json"
 # Settings whose change would make a resumed run a different experiment. Others (--steps, --eval-every,
-# --threads, --max-minutes, ...) may change on resume: extending a run is what --resume is for.
-SAME_ON_RESUME = ["method", "model", "dataset", "group_size", "prompts_per_step", "max_new_tokens", "seed",
-                  "lora_rank"]
+# --threads, --max-minutes, ...) may change on resume: extending a run is what --resume is for. --lr is here because
+# the optimizer's and scheduler's saved state would keep the old one while run.json recorded the new; LoRA's
+# alpha would rescale the trained adapters; another held-out set would make "before -> after" compare two sets.
+SAME_ON_RESUME = ["method", "model", "dataset", "group_size", "prompts_per_step", "max_new_tokens", "seed", "lr",
+                  "lora_rank", "lora_alpha", "lora_targets", "eval_dataset", "eval_limit"]
 
 
 def fail(message: str):
@@ -67,11 +69,15 @@ def check(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
     writable_dir(run_dir, "--run-dir")
     info = read_info(run_dir)
     if resume:
+        as_saved = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731 (run.json holds lists)
         for saved in ([info["args"]] if info else []) + ([saved_args(ckpt)] if ckpt else []):
             for key in SAME_ON_RESUME:
-                if key in saved and saved[key] != getattr(args, key):
+                if key in saved and as_saved(saved[key]) != as_saved(getattr(args, key)):
                     fail(f"--resume: {run_dir} is a run with --{key.replace('_', '-')} {saved[key]}, not "
                          f"{getattr(args, key)}; resume it with the same setting, or use another --run-dir")
+        done = (_read_json(os.path.join(ckpt, MANIFEST)) or {}).get("step") if ckpt else None
+        if isinstance(done, int) and args.steps < done:
+            fail(f"--resume: {ckpt} is at step {done}, past --steps {args.steps}; pass --steps {done} or more")
     holds_a_run = any(os.path.exists(os.path.join(run_dir, n)) for n in ("metrics.jsonl", CHECKPOINT, PREVIOUS, TMP))
     if holds_a_run and not resume and not overwrite:
         what = (f"a {'finished' if info.get('finished') else 'stopped'} {info['args'].get('method')} run"
@@ -184,10 +190,12 @@ def read_metrics(path: str, up_to_step: int = None) -> list:
                 record = json.loads(line)
             except (ValueError, RecursionError):
                 record = None
-            if not isinstance(record, dict):
-                print(f"{path}:{i}: not a complete JSON line (a run killed while writing?); dropped")
+            step = record.get("step", 0) if isinstance(record, dict) else None
+            if not isinstance(step, int) or isinstance(step, bool):  # a hand-edited line, too
+                print(f"{path}:{i}: not a complete JSON line with an integer step (a run killed while writing?); "
+                      f"dropped")
                 continue
-            if up_to_step is None or record.get("step", 0) <= up_to_step:
+            if up_to_step is None or step <= up_to_step:
                 records.append(record)
     return records
 
@@ -287,8 +295,9 @@ def _last(final: str) -> str:
         "no earlier checkpoint was saved"
 
 
-def problem(path: str):
-    """Why the checkpoint directory `path` cannot be resumed from (one line), or None if it is complete."""
+def problem(path: str, skip: tuple = ()):
+    """Why the checkpoint directory `path` cannot be resumed from (one line), or None if it is complete. skip: files
+    not checked (state.pt, where only the model is read)."""
     manifest = _read_json(os.path.join(path, MANIFEST))
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(isinstance(e, dict) and {"bytes", "sha256"} <= e.keys()
@@ -296,6 +305,8 @@ def problem(path: str):
         return f"{path}: no readable {MANIFEST} (incomplete: the run was killed while saving?)"
     for name, expect in files.items():
         file = os.path.join(path, name)
+        if name in skip:
+            continue
         if not os.path.isfile(file):
             return f"{file}: missing"
         if os.path.getsize(file) != expect["bytes"]:

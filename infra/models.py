@@ -294,6 +294,34 @@ def check_files(path: str, name: str, flag: str):
                 pass
         except Exception as e:  # a SafetensorError, or an OSError
             bad(file, f"not a readable safetensors file ({_first_line(e)})")
+    if "manifest.json" in files:  # a train.py checkpoint: weights changed since the save would load without a word
+        from infra import checkpoint
+        why = checkpoint.problem(path, skip=("state.pt",))
+        if why:
+            sys.exit(f"{flag} {name}: a damaged checkpoint: {why}")
+    check_size(path, name, flag)
+
+
+def check_size(path: str, name: str, flag: str):
+    """A config.json without its shapes makes transformers build its class's default model (Qwen2's has 7B
+    parameters, 28 GiB in float32), which takes the machine's whole memory before anything is said. The model is
+    built on the meta device first (no memory) and its float32 size compared with the machine's memory."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    try:
+        cfg = AutoConfig.from_pretrained(path)
+        with torch.device("meta"):
+            n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+    except Exception:  # the load itself then says what is wrong, in one line
+        return
+    need, have = 4 * n, machine_bytes()
+    if need > have:
+        sys.exit(f"{flag} {name}: config.json describes {n / 1e9:.1f}B parameters, {need / 2**30:.0f} GiB in "
+                 f"float32, more than this machine's {have / 2**30:.0f} GiB (is config.json complete?)")
+
+
+def machine_bytes() -> int:
+    """This machine's physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def check_gguf(file: str, name: str, flag: str):

@@ -309,15 +309,30 @@ def test_metrics_survive_a_partial_last_line_and_a_missing_file(base, tmp_path, 
     train.main(["--steps", "2", "--save-every", "2", "--run-dir", run_dir, *SMALL])
     metrics = os.path.join(run_dir, "metrics.jsonl")
     with open(metrics, "a") as f:
-        f.write('{"step": 3, "reward_me')  # a kill in the middle of a write
+        f.write('{"step": "abc"}\n{"step": null}\n{"step": 3, "reward_me')  # hand edits; a kill mid-write
     train.main(["--steps", "3", "--save-every", "2", "--resume", "--run-dir", run_dir, *SMALL])
-    # lines 1-4: the evaluation at step 0, steps 1 and 2, the evaluation at step 2; line 5 the partial one
-    assert "metrics.jsonl:5: not a complete JSON line" in capsys.readouterr().out
+    # lines 1-4: the evaluation at step 0, steps 1 and 2, the evaluation at step 2; lines 5-7 the bad ones
+    out = capsys.readouterr().out
+    assert all(f"metrics.jsonl:{i}: not a complete JSON line" in out for i in (5, 6, 7))
     assert [r["step"] for r in read(metrics) if "reward_mean" in r] == [1, 2, 3]
     os.remove(metrics)
     first, last = train.main(["--steps", "4", "--save-every", "2", "--resume", "--run-dir", run_dir, *SMALL])
     assert first is None and last is not None  # the step-0 evaluation went with the file: said, not invented
     assert [r["step"] for r in read(metrics) if "reward_mean" in r] == [4]
+
+
+@pytest.mark.parametrize("flags, saved", [(["--lr", "1e-3"], "--lr 5e-05"), (["--eval-limit", "8"], "--eval-limit 16"),
+                                          (["--eval-dataset", "chain"], "--eval-dataset tiny"),
+                                          (["--steps", "1"], "step 2, past --steps 1")])
+def test_resume_refuses_what_it_would_not_honour(base, tmp_path, flags, saved):
+    # --lr: the optimizer's saved state kept the old rate while run.json said the new; another held-out set made
+    # "before -> after" compare two sets; fewer --steps than done ended "finished" without a word
+    run_dir = str(tmp_path / "run")
+    train.main(["--steps", "2", "--save-every", "2", "--run-dir", run_dir, *SMALL])
+    before = open(os.path.join(run_dir, "run.json")).read()
+    message = refused(["--steps", "3", "--resume", "--run-dir", run_dir, *SMALL, *flags])
+    assert message.startswith("--resume: ") and saved in message and "\n" not in message
+    assert open(os.path.join(run_dir, "run.json")).read() == before
 
 
 # ---- one run per directory ------------------------------------------------------------------------------------------

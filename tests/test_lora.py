@@ -110,6 +110,10 @@ def test_a_lora_run_resumes_bit_for_bit(base, tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     train.main(["--method", "oar-g", "--steps", "4", "--save-every", "2", "--run-dir", a, *SMALL])
     train.main(["--method", "oar-g", "--steps", "2", "--save-every", "2", "--run-dir", b, *SMALL])
+    for other in (["--lora-alpha", "200"], ["--lora-targets", "q_proj"]):  # would rescale or lose the adapters
+        with pytest.raises(SystemExit) as e:
+            train.main(["--method", "oar-g", "--steps", "4", "--run-dir", b, "--resume", *SMALL, *other])
+        assert str(e.value.code).startswith(f"--resume: {b} is a run with {other[0]} ")
     train.main(["--method", "oar-g", "--steps", "4", "--save-every", "2", "--run-dir", b, "--resume", *SMALL])
     # every step's line equal, timing and memory aside (b also evaluated at its end, step 2)
     strip = lambda rs: [{k: v for k, v in r.items() if not k.startswith(("time", "peak"))}  # noqa: E731

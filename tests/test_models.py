@@ -231,6 +231,33 @@ def test_a_damaged_model_directory_is_one_line_before_it_loads(base, tmp_path, d
     assert "\n" not in message and message.startswith(f"--model {d}: ") and expect in message
 
 
+def test_a_config_without_its_shapes_is_one_line_before_it_fills_the_memory(base, tmp_path, monkeypatch):
+    # transformers would build Qwen2's defaults: 32 layers of 4 x 4096^2 (attention) + 3 x 4096 x 22016 (MLP) =
+    # 10.8B, and an untied 151936 x 4096 embedding and output layer, 1.2B: 12.0B parameters, 45 GiB in float32
+    d = hf_dir(base, tmp_path / "m")
+    (d / "config.json").write_text('{"model_type": "qwen2"}')
+    monkeypatch.setattr(models, "machine_bytes", lambda: 24 * 2**30)  # this project's machine, on any machine
+    with pytest.raises(SystemExit) as e:
+        models.check_path(str(d))
+    assert str(e.value.code) == (f"--model {d}: config.json describes 12.0B parameters, 45 GiB in float32, more than "
+                                 f"this machine's 24 GiB (is config.json complete?)")
+
+
+def test_a_checkpoint_whose_weights_changed_is_refused_as_a_model(base, tmp_path):
+    from infra import checkpoint
+    d = tmp_path / "checkpoint"
+    checkpoint._write(str(d), *base, {"step": 1})  # as train.py saves one: the model, state.pt, the manifest
+    models.check_path(str(d))  # whole, it passes
+    os.truncate(d / "state.pt", 10)  # only --resume reads state.pt: a model is still a model without it
+    models.check_path(str(d))
+    size = os.path.getsize(d / "model.safetensors")
+    overwrite(d / "model.safetensors", size - 4000, b"\x7f" * 4000)  # the weights, not the header
+    with pytest.raises(SystemExit) as e:
+        models.check_path(str(d))
+    assert str(e.value.code) == (f"--model {d}: a damaged checkpoint: {d}/model.safetensors: its contents changed "
+                                 f"since it was saved (SHA-256 differs)")
+
+
 @pytest.mark.parametrize("damage, expect", [
     ("random bytes", "not a GGUF file (it does not begin with the bytes GGUF)"),
     ("empty", "not a GGUF file (it does not begin with the bytes GGUF)"),
