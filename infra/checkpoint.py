@@ -36,6 +36,10 @@ SAME_ON_RESUME = ["method", "model", "dataset", "group_size", "prompts_per_step"
                   "lora_rank", "lora_alpha", "lora_targets", "eval_dataset", "eval_limit"]
 
 
+# what --overwrite deletes of the run before it
+CLEARED = ("metrics.jsonl", "run.json", CHECKPOINT, PREVIOUS, TMP, "heatmaps")
+
+
 def fail(message: str):
     """One line on stderr, exit status 1: what is wrong and what to do."""
     sys.exit(message)
@@ -78,6 +82,13 @@ def check(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
         done = (_read_json(os.path.join(ckpt, MANIFEST)) or {}).get("step") if ckpt else None
         if isinstance(done, int) and args.steps < done:
             fail(f"--resume: {ckpt} is at step {done}, past --steps {args.steps}; pass --steps {done} or more")
+    if overwrite and not resume:  # training from the run's own checkpoint would delete the weights it starts from
+        model = os.path.realpath(os.path.expanduser(str(args.model)))
+        for name in CLEARED:
+            there = os.path.realpath(os.path.join(run_dir, name))
+            if model == there or model.startswith(there + os.sep):
+                fail(f"--model {args.model} lies in {there}, which --overwrite would delete: copy it elsewhere "
+                     f"first, or choose another --run-dir")
     holds_a_run = any(os.path.exists(os.path.join(run_dir, n)) for n in ("metrics.jsonl", CHECKPOINT, PREVIOUS, TMP))
     if holds_a_run and not resume and not overwrite:
         what = (f"a {'finished' if info.get('finished') else 'stopped'} {info['args'].get('method')} run"
@@ -119,7 +130,7 @@ def claim(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
     lock = _lock(run_dir)
     check(run_dir, args, resume, overwrite, ckpt)
     if overwrite and not resume:
-        for name in ("metrics.jsonl", "run.json", CHECKPOINT, PREVIOUS, TMP, "heatmaps"):
+        for name in CLEARED:
             path = os.path.join(run_dir, name)
             if os.path.isdir(path):
                 shutil.rmtree(path)

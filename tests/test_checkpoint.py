@@ -353,6 +353,17 @@ def test_a_new_run_refuses_a_directory_holding_a_run(base, tmp_path):
     assert len([r for r in read(os.path.join(run_dir, "metrics.jsonl")) if "reward_mean" in r]) == 1
 
 
+def test_overwrite_refuses_to_delete_the_model_it_starts_from(base, tmp_path):
+    run_dir = str(tmp_path / "run")
+    train.main(["--steps", "1", "--run-dir", run_dir, *SMALL])
+    model = os.path.join(run_dir, "checkpoint")
+    manifest = open(os.path.join(model, "manifest.json")).read()
+    message = refused(["--model", model + "/", "--steps", "1", "--overwrite", "--run-dir", run_dir, *SMALL])
+    assert message == (f"--model {model}/ lies in {os.path.realpath(model)}, which --overwrite would delete: copy it "
+                       f"elsewhere first, or choose another --run-dir")
+    assert open(os.path.join(model, "manifest.json")).read() == manifest  # nothing deleted
+
+
 @pytest.mark.parametrize("damage", ["deleted", "{broken", "[]"])
 def test_resume_without_a_readable_run_json_asks_the_checkpoint(base, tmp_path, damage):
     run_dir = str(tmp_path / "run")
