@@ -369,6 +369,20 @@ def drop_unencodable(problems: list, tok_or_alphabet):
     return kept, skipped
 
 
+def check_encodable(tokenizer, text: str, what: str):
+    """One line if the tokenizer cannot write `text`: the words a dataset puts around each question (the papers'
+    instruction), or OAR's cue. The tiny model's 28 characters would drop every letter of them without a word."""
+    lost = encoding_loss([text], tokenizer)[0]
+    if lost:
+        sys.exit(f"{what}: the tokenizer cannot encode {ascii(lost)[1:-1][:40]!r} of {text[:60]!r} (the tiny model "
+                 f"writes its own tasks only: give --model a real model)")
+
+
+def check_prompts(ds: Dataset, tokenizer, what: str):
+    """check_encodable for what ds writes around a question (its questions' own characters: drop_unencodable)."""
+    check_encodable(tokenizer, ds.prompt(tokenizer, {"question": "1+1"}), what)
+
+
 def report(name: str, problems: list, skipped: list, notes=None, show: int = 5, file=None) -> str:
     """Print (to stderr, or `file`) one summary line and the first `show` skipped rows ('file:line: why'; all of
     them when show is None), and return the summary, e.g.
@@ -456,7 +470,9 @@ def run_problems(name: str, eval_name: str, tokenizer, *, data_dir: str = DATA_D
     """A run's problems (train.py, scaling/trl_train.py): the held-out set eval_name (its first eval_limit usable
     problems), and the training set name; each row that cannot be used is reported with its file and line.
     A tiny-world task trains on fresh problems each step, or on a fixed pool of pool_size drawn with seed."""
-    ds = dataset(name)
+    ds, eval_ds = dataset(name), dataset(eval_name)
+    check_prompts(eval_ds, tokenizer, f"{eval_flag} {eval_name}")
+    check_prompts(ds, tokenizer, f"{flag} {name}")
     notes = collections.Counter()  # the loader's fallbacks (an answer taken from the solution's box, ...), counted
     held, skipped = load(eval_name, "test", data_dir, eval_limit, notes=notes, flag=eval_flag)
     held, lost = drop_unencodable(held, tokenizer)  # before the prompts add their instruction
@@ -474,10 +490,16 @@ def run_problems(name: str, eval_name: str, tokenizer, *, data_dir: str = DATA_D
         pool, skipped = load(name, train_split(name), data_dir, notes=notes, flag=flag)
         pool, lost = drop_unencodable(pool, tokenizer)
         report(f"{flag} {name}", pool, skipped + lost, notes)
+        kept = [p for p in pool if p["question"] not in questions]  # math500 has one split: it would train on its test
+        if len(kept) < len(pool):
+            print(f"{flag} {name}: {len(pool) - len(kept)} problems left out of training, held out by {eval_flag} "
+                  f"{eval_name}")
+        if pool and not kept:
+            sys.exit(f"{flag} {name}: no usable problem: every one is held out by {eval_flag} {eval_name}")
+        pool = kept
         if not pool:
             sys.exit(f"{flag} {name}: no usable problem")
         print(f"{len(pool)} training problems from {name}, {len(held)} held out from {eval_name}")
-    eval_ds = dataset(eval_name)
     for p in pool or []:
         p["prompt"] = ds.prompt(tokenizer, p)
     return Problems(ds, pool, questions, [eval_ds.prompt(tokenizer, p) for p in held], [p["answer"] for p in held])

@@ -116,6 +116,7 @@ def load_benchmark(name: str, args):
 def encodable(name: str, loaded: tuple, tokenizer) -> tuple:
     """loaded (load_benchmark's) without the rows whose text the tokenizer cannot encode (the tiny model's small
     alphabet): they are skipped and reported like unusable rows; what was filled in is counted (data.report)."""
+    data.check_prompts(data.dataset(name), tokenizer, f"--benchmarks {name}")
     problems, skipped, notes = loaded
     problems, unencodable = data.drop_unencodable(problems, tokenizer)
     if not problems:
@@ -252,15 +253,15 @@ def main(argv=None):
     names = check_args(p, args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    models.check_path(args.model)
-    loaded = {name: load_benchmark(name, args) for name in names}
+    # the benchmarks are read, and checked against the tokenizer, before the model's minutes of loading
+    tokenizer = models.load_tokenizer(args.model)
+    loaded = {name: encodable(name, load_benchmark(name, args), tokenizer) for name in names}
     model, tokenizer, _ = models.load_model(args.model)
     models.check_finite(model, args.model)
     # --bf16: nothing trains here, so the weights themselves are held in bf16 (config.add_shared_flags)
     model.to(args.device, dtype=torch.bfloat16 if args.bf16 else None).eval()
     if args.max_new_tokens is None:  # the tiny world's context (256) has no room for 3000
         args.max_new_tokens = 48 if (getattr(model.config, "max_position_embeddings", 0) or 10**9) <= 256 else 3000
-    loaded = {name: encodable(name, loaded[name], tokenizer) for name in names}  # each checked before any runs
     results = {}
     for name in names:
         results[name] = run_benchmark(model, tokenizer, name, loaded[name], args)

@@ -169,6 +169,12 @@ def start(args, ckpt) -> Run:
         torch.set_num_threads(args.threads)
     problem_rng = random.Random(args.seed)
     world = data.dataset(args.dataset).world  # --model tiny: this task's warm-started model
+    # the data are read with the tokenizer alone: a bad file fails before the model's minutes of loading
+    tokenizer = models.load_tokenizer(args.model)
+    problems = data.run_problems(args.dataset, args.eval_dataset, tokenizer, data_dir=args.data_dir,
+                                 eval_limit=args.eval_limit, pool_size=args.problem_pool, seed=args.seed)
+    if args.oar_cue:  # OAR's cue, like the prompts, must survive the tokenizer
+        data.check_encodable(tokenizer, args.oar_cue, "--oar-cue")
     state = checkpoint.load_state(ckpt) if ckpt else None
     # a LoRA run resumes from the base (--model) and its adapters in state.pt; a full-parameter one from the checkpoint
     resume_model = ckpt and not args.lora_rank
@@ -194,8 +200,6 @@ def start(args, ckpt) -> Run:
         model.activation_checkpointing_enable()
     optimizer = torch.optim.AdamW(lora.trainable(model).values(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(args.warmup_steps, 1)))
-    problems = data.run_problems(args.dataset, args.eval_dataset, tokenizer, data_dir=args.data_dir,
-                                 eval_limit=args.eval_limit, pool_size=args.problem_pool, seed=args.seed)
     run = Run(args, model, tokenizer, ref_model, optimizer, scheduler, problem_rng, problems, adapters=adapters,
               peaks=memory.Peaks(args.device, rss_at_start))
     if ckpt:

@@ -376,6 +376,30 @@ def load_config(name: str, flag: str = "--model"):
                  f"(offline machine?): {str(e).splitlines()[0]}")
 
 
+def load_tokenizer(name: str, flag: str = "--model"):
+    """The model's tokenizer alone, as load_model() gives it, read before the weights so that the data can be
+    checked before the minutes a model takes to load (a packaged alias is converted first, once)."""
+    from transformers import AutoTokenizer
+    if isinstance(MODELS.get(name), TinyWorld):
+        return padded(tiny.build_tokenizer())
+    check_path(name, flag)
+    gguf = gguf_location(name, flag) if name not in MODELS else None
+    path = packaged_directory(name, flag) if name in MODELS else os.path.expanduser(name)
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf[0], gguf_file=gguf[1]) if gguf else AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # an offline hub name, a damaged tokenizer file
+        sys.exit(f"{flag} {name}: its tokenizer could not be loaded ({type(e).__name__}: {_first_line(e)})")
+    return padded(tok)
+
+
+def padded(tok):
+    """The sampler's layout: padding on the left, and a pad token (the EOS when the model has none, as Qwen2.5 base)."""
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
 def load_model(name: str, flag: str = "--model", world=None):
     """(model, tokenizer, name). The model is float32 (train.py's --bf16 is autocast). The tokenizer pads on the
     left (the sampler's layout) and has a pad token (its EOS when the model has none, as for Qwen2.5 base).
@@ -403,9 +427,7 @@ def load_model(name: str, flag: str = "--model", world=None):
     except Exception as e:  # damaged files the checks above did not see (a *.bin pickle, a tokenizer's contents)
         sys.exit(f"{flag} {name}: could not be loaded ({type(e).__name__}: {_first_line(e)})")
     own_memory(model)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return model, tok, name
+    return model, padded(tok), name
 
 
 def own_memory(model):

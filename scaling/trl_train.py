@@ -149,11 +149,12 @@ def main(argv=None):
         print(f"--method {script.method}: D2 dynamic sampling is not in TRL 1.16 and not built here; every group is "
               f"trained on (train.py's --no-dynamic-sampling). D1, D3 and D4 are TRL's options (epsilon_high "
               f"{cfg.epsilon_high}, loss_type {cfg.loss_type}, the reward functions).")
-    torch.manual_seed(cfg.seed)
-    model, tokenizer, _ = models.load_model(script.model, world=data.dataset(script.dataset).world)
     n_prompts = cfg.max_steps * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * \
         max(cfg.world_size, 1) // cfg.num_generations  # every problem sampled once (train.py: fresh problems)
-    train, held_out = problems(script, cfg, tokenizer, n_prompts)
+    # the data are read with the tokenizer alone: a bad file fails before the model's minutes of loading
+    train, held_out = problems(script, cfg, models.load_tokenizer(script.model), n_prompts)
+    torch.manual_seed(cfg.seed)
+    model, tokenizer, _ = models.load_model(script.model, world=data.dataset(script.dataset).world)
     trainer = trl_grpo.RuleGRPOTrainer(
         model=model, processing_class=tokenizer, args=cfg, rule_args=args, peft_config=get_peft_config(model_cfg),
         reward_funcs=trl_grpo.reward_functions(args),

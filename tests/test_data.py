@@ -152,12 +152,40 @@ def test_rows_that_break_the_json_reader_or_a_float_cost_their_line_only(tmp_pat
                        *(f"{path}:{i}: {data.NOT_FINITE}" for i in (5, 6, 7, 8))]
 
 
-def test_a_run_with_no_usable_held_out_problem_stops_in_one_line(tmp_path):
+def test_a_run_with_no_usable_held_out_problem_stops_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "INSTRUCTION", "")  # the tiny tokenizer cannot write the papers' instruction
     path = tmp_path / "words.jsonl"
     path.write_text('{"question": "What is two plus two?", "answer": "four"}\n{"question": "no answer"}\n')
     with pytest.raises(SystemExit) as e:  # before: every evaluation of the run was of 0 problems, "accuracy 0.000"
         data.run_problems("tiny", str(path), tiny.build_tokenizer())
     assert str(e.value.code) == f"--eval-dataset {path}: no usable problem"
+
+
+def test_a_run_trains_on_no_held_out_problem(tmp_path, monkeypatch, capsys):
+    # math500 has one split: as --dataset it was also the held-out set, and the run trained on its own test
+    monkeypatch.setattr(data, "INSTRUCTION", "")  # the tiny tokenizer cannot write the papers' instruction
+    path = tmp_path / "sums.jsonl"
+    path.write_text("".join(json.dumps({"question": f"{a}+1=?", "answer": str(a + 1)}) + "\n" for a in range(5)))
+    problems = data.run_problems(str(path), str(path), tiny.build_tokenizer(), eval_limit=2)
+    assert [p["question"] for p in problems.pool] == ["2+1=?", "3+1=?", "4+1=?"]  # rows 3-5: rows 1 and 2 held out
+    assert f"--dataset {path}: 2 problems left out of training, held out by --eval-dataset {path}" in \
+        capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        data.run_problems(str(path), str(path), tiny.build_tokenizer(), eval_limit=5)
+    assert str(e.value.code) == f"--dataset {path}: no usable problem: every one is held out by --eval-dataset {path}"
+
+
+def test_prompts_and_cues_the_tokenizer_cannot_write_are_one_line(tmp_path):
+    path = tmp_path / "sums.jsonl"
+    path.write_text(json.dumps({"question": "1+1=?", "answer": "2"}) + "\n")
+    with pytest.raises(SystemExit) as e:  # before: 'Please reason step by step' lost its letters
+        data.run_problems("tiny", str(path), tiny.build_tokenizer())
+    assert str(e.value.code).startswith(f"--eval-dataset {path}: the tokenizer cannot encode 'Plasrntpy,ufiwh.' of ")
+    with pytest.raises(SystemExit) as e:
+        data.check_encodable(tiny.build_tokenizer(), "Hello world", "--oar-cue")
+    assert str(e.value.code) == "--oar-cue: the tokenizer cannot encode 'Hlwr' of 'Hello world' (the tiny model " \
+                                "writes its own tasks only: give --model a real model)"
+    data.check_encodable(tiny.build_tokenizer(), "\\boxed{", "--oar-cue")  # the tiny world's own cue
 
 
 def test_parse_line_says_why():

@@ -45,7 +45,8 @@ def test_score_greedy_and_sampled_on_the_tiny_model(base):
         evaluate.score(model, tok, prompts, golds, k=4, temperature=0.0, max_new_tokens=8)
 
 
-def test_evaluate_command_writes_table_and_json(tmp_path, capsys, base):
+def test_evaluate_command_writes_table_and_json(tmp_path, capsys, base, monkeypatch):
+    monkeypatch.setattr(evaluate.data, "INSTRUCTION", "")  # the tiny tokenizer cannot write the papers' instruction
     path = tmp_path / "mine.jsonl"
     path.write_bytes(b"\n".join([json.dumps({"question": "Q:2+3=?", "answer": "#### 5"}).encode(),
                                   json.dumps({"question": "no answer"}).encode(),
@@ -146,10 +147,15 @@ def test_a_benchmark_with_no_usable_problem_fails_before_the_model_loads(tmp_pat
                                 f"`final_answer`, or a \\boxed{{}} in `solution`) (and 1 more rows skipped)"
 
 
-def test_a_benchmark_the_tokenizer_cannot_encode_fails_before_any_is_evaluated(base, tmp_path, monkeypatch):
-    monkeypatch.setattr(evaluate, "score", lambda *a, **k: pytest.fail("a benchmark was evaluated"))
+def test_a_benchmark_the_tokenizer_cannot_encode_fails_before_the_model_loads(base, tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluate.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     path = tmp_path / "words.jsonl"
     path.write_text('{"question": "What is two plus two?", "answer": "four"}\n')
+    with pytest.raises(SystemExit) as e:  # the prompt's instruction: before, its letters were dropped without a word
+        evaluate.main(["--benchmarks", f"tiny,{path}", "--out", str(tmp_path / "e.json")])
+    assert str(e.value.code).startswith(f"--benchmarks {path}: the tokenizer cannot encode 'Plasrntpy,ufiwh.' of ")
+    assert str(e.value.code).endswith("(the tiny model writes its own tasks only: give --model a real model)")
+    monkeypatch.setattr(evaluate.data, "INSTRUCTION", "")  # an instruction it can write: the question's letters
     with pytest.raises(SystemExit) as e:
         evaluate.main(["--benchmarks", f"tiny,{path}", "--out", str(tmp_path / "e.json")])
     assert str(e.value.code).startswith(f"--benchmarks {path}: no problem the tokenizer can encode: {path}:1: ")

@@ -25,6 +25,23 @@ def test_unknown_method_lists_the_choices():
     assert r.returncode == 2 and "invalid choice: 'ppo'" in r.stderr and "grpo" in r.stderr
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--dataset", "EMPTY", "--eval-dataset", "tiny"], "--dataset EMPTY: no usable problem"),
+    (["--method", "oar-g", "--oar-cue", "Hello world"], "--oar-cue: the tokenizer cannot encode 'Hlwr' of 'Hello"),
+])
+def test_data_and_cue_fail_before_the_model_loads(base, tmp_path, monkeypatch, flags, message):
+    # before, the data were read after the model: minutes of loading at 1.5B, then one line
+    monkeypatch.setattr(train.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(train.data, "INSTRUCTION", "")  # the tiny tokenizer cannot write the papers' instruction
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    flags = [str(empty) if f == "EMPTY" else f for f in flags]
+    with pytest.raises(SystemExit) as e:
+        train.main([*flags, "--run-dir", str(tmp_path / "run")])
+    assert str(e.value.code).startswith(message.replace("EMPTY", str(empty)))
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_model_directory_is_one_clear_line(tmp_path):
     missing = str(tmp_path / "no-such-model")
     r = run("--model", missing, "--run-dir", str(tmp_path / "run"))
