@@ -50,6 +50,8 @@ def main(argv=None):
     run = start(args, ckpt)
     try:
         loop(run)
+    except KeyboardInterrupt:  # Ctrl-C loses nothing but the step under way; a traceback would hide that
+        sys.exit(f"interrupted during step {run.step + 1}: {checkpoint.last_saved(args.run_dir)}")
     except Exception as e:  # an allocation that failed: one line naming the phase, and logged; nothing is lost
         if not memory.out_of_memory(e):
             raise

@@ -299,6 +299,11 @@ def _intact(path: str) -> bool:
         return False
 
 
+def last_saved(run_dir: str) -> str:
+    """What --resume would continue from (one line), said when a run stops early."""
+    return _last(os.path.join(run_dir, CHECKPOINT))
+
+
 def _last(final: str) -> str:
     """What --resume would continue from, said after a failed save."""
     step = (_read_json(os.path.join(final, MANIFEST)) or {}).get("step") if os.path.isdir(final) else None

@@ -158,6 +158,23 @@ def test_a_checkpoint_folder_made_unwritable_fails_at_the_next_save_in_one_line(
         [4, 2]
 
 
+def test_ctrl_c_is_one_line_that_says_what_resume_takes(base, tmp_path, monkeypatch):
+    run_dir = str(tmp_path / "run")
+    real, calls = train.sample_round, {"n": 0}
+
+    def interrupted_third(*args, **kwargs):  # Ctrl-C while step 3 samples
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    with monkeypatch.context() as m:
+        m.setattr(train, "sample_round", interrupted_third)
+        message = refused(["--steps", "4", "--save-every", "2", "--run-dir", run_dir, *SMALL])
+    assert message == f"interrupted during step 3: {run_dir}/checkpoint (step 2) is intact: --resume continues from it"
+    train.main(["--steps", "4", "--save-every", "2", "--resume", "--run-dir", run_dir, *SMALL])
+    assert [s[0] for s in steps_of(run_dir)] == [1, 2, 3, 4]
+
+
 def test_a_full_disk_at_a_metrics_line_is_one_line(base, tmp_path, monkeypatch):
     run_dir = str(tmp_path / "run")
     train.main(["--steps", "1", "--save-every", "1", "--run-dir", run_dir, *SMALL])
