@@ -466,10 +466,12 @@ class Problems:
 
 def run_problems(name: str, eval_name: str, tokenizer, *, data_dir: str = DATA_DIR, eval_limit: int = None,
                  pool_size: int = 0, seed: int = 0, eval_flag: str = "--eval-dataset",
-                 flag: str = "--dataset") -> Problems:
+                 flag: str = "--dataset", room: int = None) -> Problems:
     """A run's problems (train.py, scaling/trl_train.py): the held-out set eval_name (its first eval_limit usable
     problems), and the training set name; each row that cannot be used is reported with its file and line.
-    A tiny-world task trains on fresh problems each step, or on a fixed pool of pool_size drawn with seed."""
+    A tiny-world task trains on fresh problems each step, or on a fixed pool of pool_size drawn with seed.
+    room: the most prompt tokens the model's context leaves beside the response budget; a training prompt longer
+    is skipped and reported (evaluate.score cuts a held-out one, and says so)."""
     ds, eval_ds = dataset(name), dataset(eval_name)
     check_prompts(eval_ds, tokenizer, f"{eval_flag} {eval_name}")
     check_prompts(ds, tokenizer, f"{flag} {name}")
@@ -502,6 +504,15 @@ def run_problems(name: str, eval_name: str, tokenizer, *, data_dir: str = DATA_D
         print(f"{len(pool)} training problems from {name}, {len(held)} held out from {eval_name}")
     for p in pool or []:
         p["prompt"] = ds.prompt(tokenizer, p)
+    if pool and room is not None:  # sampled past its context, a model's positions mean nothing it has learned
+        lengths = [len(tokenizer(p["prompt"])["input_ids"]) for p in pool]
+        long = [f"{p['where']}: a prompt of {n} tokens, more than the {room} the model's context leaves beside the "
+                f"response budget" for p, n in zip(pool, lengths) if n > room]
+        if long:
+            pool = [p for p, n in zip(pool, lengths) if n <= room]
+            report(f"{flag} {name} (prompt lengths)", pool, long)
+            if not pool:
+                sys.exit(f"{flag} {name}: no usable problem: {long[0]}")
     return Problems(ds, pool, questions, [eval_ds.prompt(tokenizer, p) for p in held], [p["answer"] for p in held])
 
 

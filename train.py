@@ -173,8 +173,11 @@ def start(args, ckpt) -> Run:
     world = data.dataset(args.dataset).world  # --model tiny: this task's warm-started model
     # the data are read with the tokenizer alone: a bad file fails before the model's minutes of loading
     tokenizer = models.load_tokenizer(args.model)
+    # a prompt may take what the context leaves beside the response budget, and half of it at least (as evaluate.py)
+    context = getattr(models.load_config(args.model), "max_position_embeddings", None)
     problems = data.run_problems(args.dataset, args.eval_dataset, tokenizer, data_dir=args.data_dir,
-                                 eval_limit=args.eval_limit, pool_size=args.problem_pool, seed=args.seed)
+                                 eval_limit=args.eval_limit, pool_size=args.problem_pool, seed=args.seed,
+                                 room=max(context - args.max_new_tokens, context // 2) if context else None)
     if args.oar_cue:  # OAR's cue, like the prompts, must survive the tokenizer
         data.check_encodable(tokenizer, args.oar_cue, "--oar-cue")
     state = checkpoint.load_state(ckpt) if ckpt else None

@@ -175,6 +175,19 @@ def test_a_run_trains_on_no_held_out_problem(tmp_path, monkeypatch, capsys):
     assert str(e.value.code) == f"--dataset {path}: no usable problem: every one is held out by --eval-dataset {path}"
 
 
+def test_a_training_prompt_longer_than_the_context_leaves_is_skipped_and_reported(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(data, "INSTRUCTION", "")  # the tiny tokenizer cannot write the papers' instruction
+    path = tmp_path / "sums.jsonl"
+    path.write_text("".join(json.dumps({"question": q, "answer": "2"}) + "\n" for q in ("1+1=?", "1+" * 20 + "0=?")))
+    # the tiny tokenizer: a token a character; "1+1=?\n\n" is 7, the second 45 (43 + 2 newlines)
+    problems = data.run_problems(str(path), "tiny", tiny.build_tokenizer(), eval_limit=2, room=10)
+    assert [p["question"] for p in problems.pool] == ["1+1=?"]
+    assert f"{path}:2: a prompt of 45 tokens, more than the 10 the model's context leaves" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        data.run_problems(str(path), "tiny", tiny.build_tokenizer(), eval_limit=2, room=6)
+    assert str(e.value.code).startswith(f"--dataset {path}: no usable problem: {path}:1: a prompt of 7 tokens")
+
+
 def test_prompts_and_cues_the_tokenizer_cannot_write_are_one_line(tmp_path):
     path = tmp_path / "sums.jsonl"
     path.write_text(json.dumps({"question": "1+1=?", "answer": "2"}) + "\n")
