@@ -39,6 +39,11 @@ def wrap(model, rank: int, alpha: float, targets=TARGETS, bf16_base: bool = Fals
     projections and output layer held in bf16 (the embeddings and norms stay float32, and so does the residual
     stream between them; matrix products then run in bf16 under train.py's --bf16 autocast). Returns the peft
     model, whose get_base_model() is `model`, adapted."""
+    linears = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    unknown = [t for t in targets if t not in linears]
+    if unknown or not targets:  # peft's own error is a traceback
+        raise SystemExit(f"--lora-targets {','.join(targets)}: {', '.join(map(repr, unknown)) or 'none given'} not a "
+                         f"linear layer of this model (its linear layers: {','.join(linears)})")
     config = peft().LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0,
                                bias="none")
     wrapped = peft().get_peft_model(model, config)

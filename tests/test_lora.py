@@ -106,6 +106,15 @@ def test_the_merged_checkpoint_is_the_adapted_model_and_the_base_did_not_move(ba
     assert 0 < moved < 1e-1  # two steps at lr 1e-3 on the adapters
 
 
+@pytest.mark.parametrize("targets, unknown", [("q_proj,bogus_proj", "'bogus_proj'"), ("", "''")])
+def test_unknown_lora_targets_are_one_line(base, targets, unknown):
+    model = type(base[0])(base[0].config)
+    with pytest.raises(SystemExit) as e:  # before: peft's NoMatchingPeftModuleError, or a KeyError, as a traceback
+        lora.wrap(model, 2, 8.0, targets.split(","))
+    assert str(e.value.code) == f"--lora-targets {targets}: {unknown} not a linear layer of this model (its linear " \
+                                f"layers: down_proj,gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj)"
+
+
 def test_a_lora_run_resumes_bit_for_bit(base, tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     train.main(["--method", "oar-g", "--steps", "4", "--save-every", "2", "--run-dir", a, *SMALL])
