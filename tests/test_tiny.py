@@ -1,4 +1,5 @@
 """The tiny world: task, tokenizer (the AutoTokenizer pitfall), model size, held-out separation."""
+import os
 import random
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -30,6 +31,17 @@ def test_checkpoint_dir_round_trips_through_auto_classes(tmp_path):
     assert type(loaded).__name__ == "Qwen2ForCausalLM"
     n = sum(p.numel() for p in loaded.parameters())
     assert 0.5e6 < n < 1.5e6
+
+
+def test_a_build_that_loses_the_race_leaves_no_copy_behind(tmp_path, monkeypatch):
+    # two runs building one seed's base at once: the second to finish keeps the first one's model, and its own
+    # temporary copy went to .cache as junk
+    def other_run_finishes_first(model, tokenizer, **kwargs):
+        model.save_pretrained(tmp_path / "tiny-base-seed0")
+        tokenizer.save_pretrained(tmp_path / "tiny-base-seed0")
+    monkeypatch.setattr(tiny, "warm_start", other_run_finishes_first)
+    tiny.load_or_build(cache_dir=str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["tiny-base-seed0"]
 
 
 def test_training_never_sees_held_out_problems():

@@ -22,6 +22,7 @@ must therefore never be computed as `ids != pad` (that would drop the real EOS; 
 """
 import os
 import random
+import shutil
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -203,5 +204,7 @@ def load_or_build(cache_dir: str = CACHE_DIR, seed: int = 0, task=None):
         os.makedirs(cache_dir, exist_ok=True)
         if not os.path.exists(path):
             os.replace(tmp, path)
+        else:  # a run beside this one built the same model first: its copy is kept, this one goes
+            shutil.rmtree(tmp, ignore_errors=True)
     model = Qwen2ForCausalLM.from_pretrained(path)
     return model, AutoTokenizer.from_pretrained(path), path
