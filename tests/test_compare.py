@@ -4,6 +4,8 @@ import json
 import os
 import statistics
 
+import pytest
+
 from tools import compare
 from conftest import THREADS
 
@@ -51,7 +53,41 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_over(base, tmp_path, c
 
 
 def test_flags_compare_sets_itself_are_refused_after_the_separator(tmp_path, capsys):
-    import pytest
     with pytest.raises(SystemExit):
         compare.main(["--out", str(tmp_path), "--", "--run-dir", "elsewhere"])
     assert "--run-dir after --" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--methods", "grpo,grpo"], "--methods grpo,grpo: grpo given twice"),
+    (["--methods", "ktae,grpo+ktae"], "--methods ktae,grpo+ktae: grpo+ktae is ktae again"),
+    (["--seeds", "0,0"], "--seeds 0,0: 0 given twice"), (["--seeds", "a,b"], "--seeds 'a,b': 'a' is not a whole"),
+    (["--seeds", ""], "--seeds '': '' is not a whole number"), (["--seeds", "0,-1"], "--seeds -1: must be at least 0"),
+    (["--steps", "0"], "--steps 0: must be at least 1"), (["--eval-every", "0"], "--eval-every 0: must be at least 1"),
+    (["--threads", "0"], "--threads 0: must be at least 1"),
+    (["--", "--lr", "0"], "train.py refuses the flags of grpo seed 0: --lr 0.0: must be greater than 0"),
+    (["--", "--bogus"], "train.py refuses the flags of grpo seed 0: unrecognized arguments: --bogus"),
+])
+def test_bad_flags_are_one_line_before_any_run(tmp_path, monkeypatch, capsys, flags, named):
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a run was started"))
+    out = tmp_path / "cmp"
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--methods", "grpo", "--seeds", "0,1", "--out", str(out), *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and named in err.splitlines()[-1] and "Traceback" not in err
+    assert not out.exists()
+
+
+def fake_train(tmp_path, monkeypatch, rc: int = 0):
+    """train.py replaced by a script that exits with rc at once, writing its flags to tmp_path/argv."""
+    script = tmp_path / "fake_train.py"
+    script.write_text(f"import sys\nopen({str(tmp_path / 'argv')!r}, 'w').write(' '.join(sys.argv))\nsys.exit({rc})\n")
+    monkeypatch.setattr(compare, "TRAIN", str(script))
+
+
+def test_a_failed_run_is_one_line_naming_it(tmp_path, monkeypatch):
+    fake_train(tmp_path, monkeypatch, rc=3)
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(tmp_path / "cmp")])
+    assert str(e.value.code).startswith("grpo seed 0: train.py exited with status 3")
+    assert not (tmp_path / "cmp" / "grpo-seed0" / "done.json").exists()
