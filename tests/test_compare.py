@@ -85,9 +85,56 @@ def fake_train(tmp_path, monkeypatch, rc: int = 0):
     monkeypatch.setattr(compare, "TRAIN", str(script))
 
 
+def finished_run(run_dir, steps: int = 2):
+    """A run directory as a finished train.py run leaves it: a checkpoint and the metrics of each step."""
+    (run_dir / "checkpoint").mkdir(parents=True)
+    recs = [{"step": 0, "eval_accuracy": 0.25, "eval_response_len": 30.0}]
+    recs += [{"step": s, "reward_mean": 0.5, "response_len": 30.0, "entropy": 1.0, "ess_ratio": 0.9, "time_step": 1.0}
+             for s in range(1, steps + 1)]
+    recs += [{"step": steps, "eval_accuracy": 0.5, "eval_response_len": 28.0}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
 def test_a_failed_run_is_one_line_naming_it(tmp_path, monkeypatch):
     fake_train(tmp_path, monkeypatch, rc=3)
     with pytest.raises(SystemExit) as e:
         compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(tmp_path / "cmp")])
     assert str(e.value.code).startswith("grpo seed 0: train.py exited with status 3")
     assert not (tmp_path / "cmp" / "grpo-seed0" / "done.json").exists()
+
+
+def test_a_kill_while_done_json_is_written_leaves_none(tmp_path, monkeypatch):
+    fake_train(tmp_path, monkeypatch)
+    finished_run(tmp_path / "cmp" / "grpo-seed0")
+
+    def killed(obj, f, **kw):
+        f.write(json.dumps(obj)[:5])
+        raise KeyboardInterrupt
+    monkeypatch.setattr(compare.json, "dump", killed)
+    with pytest.raises(KeyboardInterrupt):
+        compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(tmp_path / "cmp")])
+    assert not (tmp_path / "cmp" / "grpo-seed0" / "done.json").exists()
+
+
+def test_an_unreadable_done_json_reruns_its_run(tmp_path, monkeypatch, capsys):
+    fake_train(tmp_path, monkeypatch)
+    out = tmp_path / "cmp"
+    finished_run(out / "grpo-seed0")
+    (out / "grpo-seed0" / "done.json").write_text('{"meth')  # cut short by a kill
+    compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(out), "--threads", "1"])
+    said = capsys.readouterr().out
+    assert f"{out / 'grpo-seed0' / 'done.json'}: unreadable" in said and "resuming grpo seed 0" in said
+    assert "--resume" in (tmp_path / "argv").read_text()
+    assert json.loads((out / "grpo-seed0" / "done.json").read_text())["steps"] == 2
+
+
+def test_a_partial_last_metrics_line_of_a_reused_run_is_dropped(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a finished run was run again"))
+    out = tmp_path / "cmp"
+    finished_run(out / "grpo-seed0")
+    (out / "grpo-seed0" / "done.json").write_text(json.dumps({"method": "grpo", "seed": 0, "steps": 2}))
+    with open(out / "grpo-seed0" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "rew')  # a kill while train.py appended
+    compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(out), "--threads", "1"])
+    assert f"{out / 'grpo-seed0' / 'metrics.jsonl'}:5: not a complete JSON line" in capsys.readouterr().out
+    assert "| grpo | 1 | 0.250 | 0.500 +- 0.000 |" in (out / "results.md").read_text()

@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as a file (python tools/compare.py): the pr
 import config  # noqa: E402
 import data  # noqa: E402
 import methods  # noqa: E402
-from infra import plots  # noqa: E402
+from infra import checkpoint, plots  # noqa: E402
 
 TRAIN = os.path.join(ROOT, "train.py")  # by its full path: compare.py may be run from any directory
 OWN_FLAGS = ("--method", "--seed", "--steps", "--run-dir", "--eval-every", "--save-every", "--threads", "--resume",
@@ -52,10 +52,6 @@ PLOTS = {"accuracy.png": ("eval_accuracy", "greedy held-out accuracy"), "reward.
          "credit_hit3.png": ("credit_hit3", "first-error hit@3"),
          "credit_rank.png": ("credit_rank", "first-error rank (1: most blamed)")}
 CREDIT = ("credit_rank", "credit_hit1", "credit_hit3", "credit_auc")  # the table's attribution columns
-
-
-def read(path):
-    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
 
 
 def train_flags(method, seed, args) -> list:
@@ -104,15 +100,31 @@ def parse_seeds(p, text: str) -> list:
     return seeds
 
 
+def read_done(done_path: str):
+    """done.json's --steps, or None where it is missing or unreadable (cut short by a kill while an older
+    compare.py wrote it in place): that run is then resumed from its checkpoint, which redoes no finished step."""
+    if not os.path.exists(done_path):
+        return None
+    try:
+        with open(done_path) as f:
+            steps = json.load(f)["steps"]
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        steps = None
+    if not isinstance(steps, int):
+        print(f"{done_path}: unreadable; its run is checked again", flush=True)
+        return None
+    return steps
+
+
 def run_one(method, seed, args):
     """Run (or resume, or reuse) one method and seed; return its metrics records."""
     run_dir = os.path.join(args.out, f"{method}-seed{seed}")
     done_path = os.path.join(run_dir, "done.json")
-    if os.path.exists(done_path):
-        done = json.load(open(done_path))
-        if done["steps"] != args.steps:
-            sys.exit(f"{run_dir} finished with --steps {done['steps']}, not {args.steps}: use another --out")
-        return read(os.path.join(run_dir, "metrics.jsonl"))
+    steps = read_done(done_path)
+    if steps is not None:
+        if steps != args.steps:
+            sys.exit(f"{run_dir} finished with --steps {steps}, not {args.steps}: use another --out")
+        return checkpoint.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     cmd = [sys.executable, TRAIN, *train_flags(method, seed, args)]
     resuming = any(os.path.isdir(os.path.join(run_dir, d)) for d in ("checkpoint", "checkpoint.prev"))
     # a run stopped before its first checkpoint left a metrics file that train.py would refuse to start over on
@@ -124,9 +136,11 @@ def run_one(method, seed, args):
     if rc:
         sys.exit(f"{method} seed {seed}: train.py exited with status {rc} (its message is above); {run_dir} is "
                  f"kept, and the same command picks up from it")
-    with open(done_path, "w") as f:
+    tmp = done_path + ".tmp"  # a kill while writing must not leave a done.json that is not JSON
+    with open(tmp, "w") as f:
         json.dump({"method": method, "seed": seed, "steps": args.steps}, f)
-    return read(os.path.join(run_dir, "metrics.jsonl"))
+    os.replace(tmp, done_path)
+    return checkpoint.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
 
 
 def mean_std(values: list) -> str:
