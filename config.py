@@ -200,11 +200,11 @@ def device_problem(device: str):
     return f"{kind.type} is not a device this project runs on (cpu, cuda, mps)"
 
 
-def check_seed(p, seed: int):
+def check_seed(p, seed: int, flag: str = "--seed"):
     """torch, Python's random and numpy (TRL seeds it) all take a seed in [0, 2^32); torch refuses a larger one only
     once the model is loaded, and a negative one would draw as its absolute value in Python's random."""
     if not 0 <= seed < 2 ** 32:
-        p.error(f"--seed {seed}: must be at least 0 and below 2^32")
+        p.error(f"{flag} {seed}: must be at least 0 and below 2^32")
 
 
 def parse_args(argv=None):

@@ -565,23 +565,41 @@ def main(argv=None):
     p.add_argument("--data-dir", default=DATA_DIR)
     args = p.parse_args(argv)
     todo = [(n, s) for n in (args.datasets or BENCHMARKS) for s in (dataset(n).files or ["train"])]
+    for name, split in todo if args.datasets else ():  # a name that is no set, a file that is not there
+        try:
+            locate(name, split, args.data_dir, "dataset")
+        except SystemExit as e:
+            p.error(str(e))
+    # what was asked about and not checked; a benchmark missing from --data-dir counts only when it was named
+    failed, checked = [], 0
     for name, split in todo:
         files = dataset(name).files
+        label = f"{name} {split}" if files else name
         if files and not os.path.isfile(os.path.join(args.data_dir, files[split])):
-            print(f"{name} {split}: no file {os.path.join(args.data_dir, files[split])}")
+            print(f"{label}: no file {os.path.join(args.data_dir, files[split])}")
+            failed += [label] if args.datasets else []
             continue
         notes = collections.Counter()
         try:
             problems, skipped = load(name, split, args.data_dir, notes=notes)
-        except SystemExit as e:  # a file that is not there: say so and go on with the others
+        except SystemExit as e:  # a file that cannot be read: say so and go on with the others
             print(e)
+            failed.append(label)
             continue
-        report(f"{name} {split}" if files else name, problems, skipped, notes, show=None, file=sys.stdout)
+        report(label, problems, skipped, notes, show=None, file=sys.stdout)
+        checked += 1
+        if not problems:
+            failed.append(f"{label}: no usable problem")
         if args.check and split == "test" and files and problems:
             n, ok, bad = check_references(name, args.data_dir)
             print(f"  references graded correct {ok}/{n} = {ok / n:.4f}")
             for s in bad:
                 print(f"  {s}")
+    if not checked:  # every file missing: a check of nothing must not pass as a clean one
+        sys.exit(f"data.py: nothing checked: no benchmark file in --data-dir {args.data_dir}" if not args.datasets
+                 else f"data.py: nothing checked: {', '.join(failed)}")
+    if failed:
+        sys.exit(f"data.py: {len(failed)} of {len(todo)} failed: {', '.join(failed)} (said above)")
 
 
 if __name__ == "__main__":

@@ -215,6 +215,9 @@ def check_args(p, args) -> list:
     names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
     if not names:
         p.error(f"--benchmarks {args.benchmarks!r}: names no benchmark")
+    twice = sorted({b for b in names if names.count(b) > 1})
+    if twice:  # results are keyed by name: a repeat would print one row but weigh twice in the average
+        p.error(f"--benchmarks {args.benchmarks}: {', '.join(twice)} given twice")
     for b in names:
         try:  # an unknown name or a file that is not there fails now, in one line, before the model is loaded
             data.locate(b, "test", args.data_dir, "--benchmarks")

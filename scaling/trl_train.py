@@ -16,6 +16,7 @@ import os
 import random
 import sys
 import time
+import types
 from dataclasses import dataclass, field
 
 if __package__ in (None, ""):  # run as a file (python scaling/trl_train.py): the project's modules are one folder up
@@ -29,7 +30,7 @@ from trl import GRPOConfig, ModelConfig, get_peft_config  # noqa: E402
 import config  # noqa: E402
 import data  # noqa: E402
 import evaluate  # noqa: E402
-from infra import lora, models  # noqa: E402
+from infra import checkpoint, lora, models  # noqa: E402
 from scaling import trl_grpo  # noqa: E402
 
 
@@ -87,8 +88,9 @@ def parse(argv=None):
 def check(ns):
     """The settings checked before anything loads, each failure one line naming the flag (TRL checks some only once
     training starts, or with a traceback, and its usage runs to hundreds of lines): no number that is not finite,
-    a group of at least two rollouts, a learning rate as train.py's, every count at least 1, and a batch of rollouts
-    per generation that whole groups fill (per_device_train_batch_size x gradient_accumulation_steps x processes)."""
+    a group of at least two rollouts, a learning rate as train.py's, every count at least 1, a seed numpy takes, an
+    output folder that can be written, and a batch of rollouts per generation that whole groups fill
+    (per_device_train_batch_size x gradient_accumulation_steps x processes)."""
     for name, value in sorted(vars(ns).items()):
         if isinstance(value, float) and not math.isfinite(value):
             sys.exit(f"--{name} {value}: not a finite number")
@@ -99,6 +101,9 @@ def check(ns):
             sys.exit(f"--{name} {getattr(ns, name)}: must be at least 1")
     if config.threads_problem(ns.threads):
         sys.exit(f"--threads {ns.threads}: {config.threads_problem(ns.threads)}")
+    config.check_seed(types.SimpleNamespace(error=sys.exit), ns.seed)  # its p.error: one line, not TRL's usage
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # one probe a machine: processes making the folder at once collide
+        checkpoint.writable_dir(ns.output_dir, "--output_dir")
     if ns.num_generations < 2:
         sys.exit(f"--num_generations {ns.num_generations}: must be at least 2 (G1 compares rollouts within a group)")
     if not 0 < ns.learning_rate <= config.MAX_LR:

@@ -6,6 +6,7 @@ import importlib.util
 import sys
 import types
 
+import pytest
 import torch
 
 import reward
@@ -43,6 +44,40 @@ def test_a_run_that_fails_is_a_row(base):
     table = tables.Table("t")
     got = steps.step_rows(table, ("--model", "tiny", "--lr", "-1"), ["grpo"], workload.Setting(()), THREADS)
     assert got == {} and "grpo: failed" in table.rows[0][1] and "--lr" in table.rows[0][1]
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--parts", ""], "--parts: unknown part ''"), (["--threads", "0"], "--threads 0: must be at least 1"),
+    (["--threads", "99999"], "--threads 99999: must be at least 1 and at most this machine's"),
+])
+def test_bad_flags_are_one_line_before_any_part_runs(monkeypatch, capsys, flags, named):
+    monkeypatch.setattr(bench, "run_cpu", lambda *a, **k: pytest.fail("a part ran"))
+    with pytest.raises(SystemExit) as e:
+        bench.main(flags)
+    assert e.value.code == 2 and named in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_a_failed_part_makes_bench_exit_nonzero(base, monkeypatch, tmp_path, capsys):
+    script = tmp_path / "train.py"  # train.py as it ends on a flag it refuses only once running
+    script.write_text("import sys\nsys.exit('--something: refused')\n")
+    monkeypatch.setattr(steps, "TRAIN", str(script))
+    with pytest.raises(SystemExit) as e:
+        bench.main(FEW + ["--parts", "steps", "--methods", "grpo"])
+    assert str(e.value.code).startswith("bench: failed after ") and \
+        str(e.value.code).endswith("s: step: grpo: failed: --something: refused (exit 1)")
+    assert "bench: done" not in capsys.readouterr().err
+
+
+def test_a_memory_run_that_runs_out_of_memory_is_a_measurement_and_any_other_end_a_failure(monkeypatch):
+    from tools import memcheck
+    monkeypatch.setattr(memcheck, "compare", lambda run_dir: [])
+    oom = [{"step": 1, "out_of_memory": "optimizer step"}]
+    for records, failed in ((oom, False), ([], True)):
+        monkeypatch.setattr(gpu, "train_run", lambda *a, **k: (records, "it ended (exit 1)"))
+        table = tables.Table("t")
+        gpu.memory_rows(table, "recipe", (), "ktae", 1)
+        assert table.rows == [("memory", "recipe: it ended (exit 1)", "", "", "")]
+        assert table.failures == (["memory: recipe: it ended (exit 1)"] if failed else [])
 
 
 def test_llama_cpp_part_with_a_stand_in_module(monkeypatch, tmp_path):

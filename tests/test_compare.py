@@ -4,6 +4,8 @@ import json
 import os
 import statistics
 
+import pytest
+
 from tools import compare
 from conftest import THREADS
 
@@ -51,7 +53,88 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_over(base, tmp_path, c
 
 
 def test_flags_compare_sets_itself_are_refused_after_the_separator(tmp_path, capsys):
-    import pytest
     with pytest.raises(SystemExit):
         compare.main(["--out", str(tmp_path), "--", "--run-dir", "elsewhere"])
     assert "--run-dir after --" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--methods", "grpo,grpo"], "--methods grpo,grpo: grpo given twice"),
+    (["--methods", "ktae,grpo+ktae"], "--methods ktae,grpo+ktae: grpo+ktae is ktae again"),
+    (["--seeds", "0,0"], "--seeds 0,0: 0 given twice"), (["--seeds", "a,b"], "--seeds 'a,b': 'a' is not a whole"),
+    (["--seeds", ""], "--seeds '': '' is not a whole number"), (["--seeds", "0,-1"], "--seeds -1: must be at least 0"),
+    (["--steps", "0"], "--steps 0: must be at least 1"), (["--eval-every", "0"], "--eval-every 0: must be at least 1"),
+    (["--threads", "0"], "--threads 0: must be at least 1"),
+    (["--", "--lr", "0"], "train.py refuses the flags of grpo seed 0: --lr 0.0: must be greater than 0"),
+    (["--", "--bogus"], "train.py refuses the flags of grpo seed 0: unrecognized arguments: --bogus"),
+])
+def test_bad_flags_are_one_line_before_any_run(tmp_path, monkeypatch, capsys, flags, named):
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a run was started"))
+    out = tmp_path / "cmp"
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--methods", "grpo", "--seeds", "0,1", "--out", str(out), *flags])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and named in err.splitlines()[-1] and "Traceback" not in err
+    assert not out.exists()
+
+
+def fake_train(tmp_path, monkeypatch, rc: int = 0):
+    """train.py replaced by a script that exits with rc at once, writing its flags to tmp_path/argv."""
+    script = tmp_path / "fake_train.py"
+    script.write_text(f"import sys\nopen({str(tmp_path / 'argv')!r}, 'w').write(' '.join(sys.argv))\nsys.exit({rc})\n")
+    monkeypatch.setattr(compare, "TRAIN", str(script))
+
+
+def finished_run(run_dir, steps: int = 2):
+    """A run directory as a finished train.py run leaves it: a checkpoint and the metrics of each step."""
+    (run_dir / "checkpoint").mkdir(parents=True)
+    recs = [{"step": 0, "eval_accuracy": 0.25, "eval_response_len": 30.0}]
+    recs += [{"step": s, "reward_mean": 0.5, "response_len": 30.0, "entropy": 1.0, "ess_ratio": 0.9, "time_step": 1.0}
+             for s in range(1, steps + 1)]
+    recs += [{"step": steps, "eval_accuracy": 0.5, "eval_response_len": 28.0}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_a_failed_run_is_one_line_naming_it(tmp_path, monkeypatch):
+    fake_train(tmp_path, monkeypatch, rc=3)
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(tmp_path / "cmp")])
+    assert str(e.value.code).startswith("grpo seed 0: train.py exited with status 3")
+    assert not (tmp_path / "cmp" / "grpo-seed0" / "done.json").exists()
+
+
+def test_a_kill_while_done_json_is_written_leaves_none(tmp_path, monkeypatch):
+    fake_train(tmp_path, monkeypatch)
+    finished_run(tmp_path / "cmp" / "grpo-seed0")
+
+    def killed(obj, f, **kw):
+        f.write(json.dumps(obj)[:5])
+        raise KeyboardInterrupt
+    monkeypatch.setattr(compare.json, "dump", killed)
+    with pytest.raises(KeyboardInterrupt):
+        compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(tmp_path / "cmp")])
+    assert not (tmp_path / "cmp" / "grpo-seed0" / "done.json").exists()
+
+
+def test_an_unreadable_done_json_reruns_its_run(tmp_path, monkeypatch, capsys):
+    fake_train(tmp_path, monkeypatch)
+    out = tmp_path / "cmp"
+    finished_run(out / "grpo-seed0")
+    (out / "grpo-seed0" / "done.json").write_text('{"meth')  # cut short by a kill
+    compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(out), "--threads", "1"])
+    said = capsys.readouterr().out
+    assert f"{out / 'grpo-seed0' / 'done.json'}: unreadable" in said and "resuming grpo seed 0" in said
+    assert "--resume" in (tmp_path / "argv").read_text()
+    assert json.loads((out / "grpo-seed0" / "done.json").read_text())["steps"] == 2
+
+
+def test_a_partial_last_metrics_line_of_a_reused_run_is_dropped(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a finished run was run again"))
+    out = tmp_path / "cmp"
+    finished_run(out / "grpo-seed0")
+    (out / "grpo-seed0" / "done.json").write_text(json.dumps({"method": "grpo", "seed": 0, "steps": 2}))
+    with open(out / "grpo-seed0" / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "rew')  # a kill while train.py appended
+    compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(out), "--threads", "1"])
+    assert f"{out / 'grpo-seed0' / 'metrics.jsonl'}:5: not a complete JSON line" in capsys.readouterr().out
+    assert "| grpo | 1 | 0.250 | 0.500 +- 0.000 |" in (out / "results.md").read_text()

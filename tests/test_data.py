@@ -302,3 +302,33 @@ def test_check_runs_to_the_end_on_bad_files(tmp_path, capsys):
     assert f"{gsm8k}:3: undecodable bytes" in out and f"{gsm8k}:4: broken JSON" in out
     assert out.count("references graded correct 1/1") == 2  # gsm8k's good row, then amc23
     assert f"math500 test: no file {tmp_path}/math500/test.jsonl" in out  # missing files: said, then passed over
+
+
+def test_a_check_of_nothing_exits_nonzero(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        data.main(["--check", "--data-dir", str(tmp_path / "nothing")])
+    assert e.value.code == f"data.py: nothing checked: no benchmark file in --data-dir {tmp_path / 'nothing'}"
+
+
+@pytest.mark.parametrize("name, named", [("bogusname", "dataset bogusname: unknown (known: tiny"),
+                                         ("TMP/gone.jsonl", "dataset TMP/gone.jsonl: not found")])
+def test_a_named_set_that_is_no_set_or_no_file_is_one_line_before_any_is_read(tmp_path, capsys, name, named):
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"question": "Q", "answer": "5"}) + "\n")
+    with pytest.raises(SystemExit) as e:
+        data.main([str(good), name.replace("TMP", str(tmp_path))])
+    said = capsys.readouterr()
+    assert e.value.code == 2 and named.replace("TMP", str(tmp_path)) in said.err.splitlines()[-1]
+    assert "loaded" not in said.out
+
+
+def test_a_named_benchmark_missing_or_a_file_with_no_usable_problem_exits_nonzero(tmp_path, capsys, monkeypatch):
+    for offline in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # online, math500 missing here is not refused up front
+        monkeypatch.delenv(offline, raising=False)
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    good.write_text(json.dumps({"question": "Q", "answer": "5"}) + "\n")
+    bad.write_text(json.dumps({"question": "Q"}) + "\n")
+    with pytest.raises(SystemExit) as e:
+        data.main([str(good), "math500", str(bad), "--data-dir", str(tmp_path)])
+    assert e.value.code == f"data.py: 2 of 3 failed: math500 test, {bad}: no usable problem (said above)"
+    assert f"{good}: loaded 1 rows" in capsys.readouterr().out

@@ -110,6 +110,7 @@ def test_a_missing_file_fails_in_one_line_before_the_model_loads(tmp_path, capsy
     (["--k", "2", "--temperature", "nan"], "--temperature: nan: not a finite number"),
     (["--temperature", "inf"], "--temperature: inf: not a finite number"), (["--seed", "-3"], "--seed -3"),
     (["--benchmarks", ","], "--benchmarks ',': names no benchmark"), (["--device", "bogus"], "--device bogus"),
+    (["--benchmarks", "tiny,tiny,chain"], "--benchmarks tiny,tiny,chain: tiny given twice"),
     (["--threads", "0"], "--threads 0"), (["--out", "TMP"], "--out TMP: a folder; name a .json file"),
     (["--out", "TMP/file/eval.json"], "--out TMP/file: TMP/file is a file, not a folder"),
 ])

@@ -169,14 +169,17 @@ def test_a_bad_method_or_rule_flag_is_one_line():
     (["--eval_every", "0"], "--eval_every 0: must be at least 1"), (["--max_steps", "0"], "--max_steps 0: must be"),
     (["--temperature", "0"], "--temperature 0.0: must be at least 0.001"),
     (["--epsilon", "inf"], "--epsilon inf: not a finite number"), (["--threads", "0"], "--threads 0: must be"),
+    (["--seed", "-1"], "--seed -1: must be at least 0 and below 2^32"),
+    (["--output_dir", "TMP/afile"], "--output_dir TMP/afile: TMP/afile is a file, not a folder"),
 ])
-def test_trl_settings_are_one_line_before_the_model_loads(monkeypatch, flags, line):
+def test_trl_settings_are_one_line_before_the_model_loads(monkeypatch, tmp_path, flags, line):
     from scaling import trl_train
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.setattr(trl_train.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "afile").write_text("x")
     with pytest.raises(SystemExit) as e:
-        trl_train.main(flags)
-    assert str(e.value.code).startswith(line) and "\n" not in str(e.value.code)
+        trl_train.main([f.replace("TMP", str(tmp_path)) for f in flags])
+    assert str(e.value.code).startswith(line.replace("TMP", str(tmp_path))) and "\n" not in str(e.value.code)
 
 
 DRIVER = """

@@ -114,7 +114,7 @@ def main(argv=None):
     p.add_argument("train_args", nargs="*", help="more train.py flags for every part, after --, e.g. -- --bf16")
     args = p.parse_args(argv)
     known = GPU_PARTS if args.gpu else CPU_PARTS
-    parts = args.parts.split(",") if args.parts else [x for x in known if x != "trl" or args.trl]
+    parts = args.parts.split(",") if args.parts is not None else [x for x in known if x != "trl" or args.trl]
     if args.trl and args.gpu:
         p.error("--trl: TRL's GRPOTrainer is a part of the benchmark of --model, not of --gpu")
     if args.trl and "trl" not in parts:
@@ -127,12 +127,18 @@ def main(argv=None):
     for m in chosen:
         if m not in methods.names():
             p.error(f"--methods: unknown method {m!r} (choose from {', '.join(methods.names())})")
+    import config
+    if config.threads_problem(args.threads):  # train.py would refuse it only in the steps part, after the others ran
+        p.error(f"--threads {args.threads}: {config.threads_problem(args.threads)}")
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     t0 = time.time()
     table = (run_gpu if args.gpu else run_cpu)(args, chosen, parts)
+    if table.failures:
+        more = f" (and {len(table.failures) - 1} more, in the table)" if len(table.failures) > 1 else ""
+        sys.exit(f"bench: failed after {time.time() - t0:.0f} s: {table.failures[0]}{more}")
     progress(f"done in {time.time() - t0:.0f} s")
     return table
 

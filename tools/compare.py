@@ -22,6 +22,8 @@ checkpoint starts over (train.py --overwrite), so a stopped comparison picks up 
     heatmaps/METHOD.html                                     the last evaluation's heat map (seed 0)
 """
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -33,9 +35,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the projec
 if __package__ in (None, ""):  # run as a file (python tools/compare.py): the project's modules are in ROOT
     sys.path.insert(0, ROOT)
 
+import config  # noqa: E402
 import data  # noqa: E402
 import methods  # noqa: E402
-from infra import plots  # noqa: E402
+from infra import checkpoint, plots  # noqa: E402
 
 TRAIN = os.path.join(ROOT, "train.py")  # by its full path: compare.py may be run from any directory
 OWN_FLAGS = ("--method", "--seed", "--steps", "--run-dir", "--eval-every", "--save-every", "--threads", "--resume",
@@ -51,32 +54,93 @@ PLOTS = {"accuracy.png": ("eval_accuracy", "greedy held-out accuracy"), "reward.
 CREDIT = ("credit_rank", "credit_hit1", "credit_hit3", "credit_auc")  # the table's attribution columns
 
 
-def read(path):
-    return [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+def train_flags(method, seed, args) -> list:
+    """The flags of train.py's run of method and seed."""
+    return ["--method", method, "--seed", str(seed), "--steps", str(args.steps),
+            "--run-dir", os.path.join(args.out, f"{method}-seed{seed}"), "--eval-every", str(args.eval_every),
+            "--save-every", str(args.eval_every), "--dataset", args.dataset,
+            *(["--threads", str(args.threads)] if args.threads else []), *args.train_args]
+
+
+def check_train_flags(p, chosen, seeds, args):
+    """train.py's own checks (config.parse_args) of every run's flags, before the first run starts: a flag it
+    refuses would otherwise stop the comparison only when its run is reached, perhaps hours in."""
+    for method in chosen:
+        for seed in seeds:
+            said = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(said):  # argparse's usage of train.py: dozens of lines
+                    config.parse_args(train_flags(method, seed, args))
+            except SystemExit as e:
+                lines = said.getvalue().strip().splitlines()
+                why = e.code if isinstance(e.code, str) else lines[-1].split("error: ", 1)[-1] if lines else \
+                    f"train.py would exit (status {e.code}) without running"
+                p.error(f"train.py refuses the flags of {method} seed {seed}: {why}")
+
+
+def distinct(p, flag: str, text: str, given: list, key):
+    """Refuse a name given twice in flag's list (as key sees it: ktae is grpo+ktae, 00 is 0): the run would be
+    made once and counted twice, as two seeds that agree or two methods that tie."""
+    seen = {}
+    for g in given:
+        if key(g) in seen:
+            again = "given twice" if g == seen[key(g)] else f"is {seen[key(g)]} again"
+            p.error(f"{flag} {text}: {g} {again}")
+        seen[key(g)] = g
+
+
+def parse_seeds(p, text: str) -> list:
+    seeds = []
+    for s in text.split(","):
+        try:
+            seeds.append(int(s))
+        except ValueError:
+            p.error(f"--seeds {text!r}: {s!r} is not a whole number (e.g. --seeds 0,1,2)")
+        config.check_seed(p, seeds[-1], "--seeds")
+    return seeds
+
+
+def read_done(done_path: str):
+    """done.json's --steps, or None where it is missing or unreadable (cut short by a kill while an older
+    compare.py wrote it in place): that run is then resumed from its checkpoint, which redoes no finished step."""
+    if not os.path.exists(done_path):
+        return None
+    try:
+        with open(done_path) as f:
+            steps = json.load(f)["steps"]
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
+        steps = None
+    if not isinstance(steps, int):
+        print(f"{done_path}: unreadable; its run is checked again", flush=True)
+        return None
+    return steps
 
 
 def run_one(method, seed, args):
     """Run (or resume, or reuse) one method and seed; return its metrics records."""
     run_dir = os.path.join(args.out, f"{method}-seed{seed}")
     done_path = os.path.join(run_dir, "done.json")
-    if os.path.exists(done_path):
-        done = json.load(open(done_path))
-        if done["steps"] != args.steps:
-            sys.exit(f"{run_dir} finished with --steps {done['steps']}, not {args.steps}: use another --out")
-        return read(os.path.join(run_dir, "metrics.jsonl"))
-    cmd = [sys.executable, TRAIN, "--method", method, "--seed", str(seed), "--steps", str(args.steps),
-           "--run-dir", run_dir, "--eval-every", str(args.eval_every), "--save-every", str(args.eval_every),
-           "--dataset", args.dataset, *(["--threads", str(args.threads)] if args.threads else []), *args.train_args]
+    steps = read_done(done_path)
+    if steps is not None:
+        if steps != args.steps:
+            sys.exit(f"{run_dir} finished with --steps {steps}, not {args.steps}: use another --out")
+        return checkpoint.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    cmd = [sys.executable, TRAIN, *train_flags(method, seed, args)]
     resuming = any(os.path.isdir(os.path.join(run_dir, d)) for d in ("checkpoint", "checkpoint.prev"))
     # a run stopped before its first checkpoint left a metrics file that train.py would refuse to start over on
     leftover = not resuming and os.path.isdir(run_dir) and bool(os.listdir(run_dir))
     extra = ["--resume"] if resuming else ["--overwrite"] if leftover else []
     what = "resuming" if resuming else "restarting (no checkpoint to resume)" if leftover else "running"
     print(f"{what} {method} seed {seed}: {' '.join(cmd[1:] + extra)}", flush=True)
-    subprocess.run(cmd + extra, check=True, cwd=ROOT)
-    with open(done_path, "w") as f:
+    rc = subprocess.run(cmd + extra, cwd=ROOT).returncode
+    if rc:
+        sys.exit(f"{method} seed {seed}: train.py exited with status {rc} (its message is above); {run_dir} is "
+                 f"kept, and the same command picks up from it")
+    tmp = done_path + ".tmp"  # a kill while writing must not leave a done.json that is not JSON
+    with open(tmp, "w") as f:
         json.dump({"method": method, "seed": seed, "steps": args.steps}, f)
-    return read(os.path.join(run_dir, "metrics.jsonl"))
+    os.replace(tmp, done_path)
+    return checkpoint.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
 
 
 def mean_std(values: list) -> str:
@@ -135,16 +199,22 @@ def main(argv=None):
                                                            "tiny, chain, ...)")
     p.add_argument("train_args", nargs="*", help="more train.py flags, after --, e.g. -- --lr 1e-4")
     args = p.parse_args(argv)
-    chosen, seeds = args.methods.split(","), [int(s) for s in args.seeds.split(",")]
+    chosen, seeds = args.methods.split(","), parse_seeds(p, args.seeds)
     for m in chosen:  # a wrong name fails now, not after the first runs
         if m not in methods.names():
             p.error(f"--methods: unknown method {m!r} (choose from {', '.join(methods.names())})")
+    distinct(p, "--methods", args.methods, chosen, methods.parse)
+    distinct(p, "--seeds", args.seeds, seeds, int)
+    config.at_least(p, args, {"steps": 1, "eval_every": 1})
+    if config.threads_problem(args.threads):
+        p.error(f"--threads {args.threads}: {config.threads_problem(args.threads)}")
     if args.eval_every is None:
         args.eval_every = max(1, args.steps // 4)
     for flag in args.train_args:
         if flag.split("=")[0] in OWN_FLAGS:
             p.error(f"{flag.split('=')[0]} after --: compare.py sets it for every run (use compare.py's own flag)")
     args.out = os.path.abspath(args.out)  # the user's cwd, not train.py's
+    check_train_flags(p, chosen, seeds, args)
     os.makedirs(args.out, exist_ok=True)
     results = {m: [run_one(m, s, args) for s in seeds] for m in chosen}
     for name, (key, label) in PLOTS.items():

@@ -163,8 +163,9 @@ def memory_rows(table: Table, name: str, flags, method: str, threads, phases=Non
             continue
         table.row("memory", f"{name}: {phase} (first step)", "not reached" if got is None else f"{got:.2f} GiB",
                   f"plan {plan:.2f} GiB", "" if got is None else f"{got / plan:.2f}")
-    if error:
-        table.row("memory", f"{name}: {error}")
+    if error:  # running out of memory is what this part measures; any other end is a failure
+        out_of_memory = any("out_of_memory" in r for r in records)
+        (table.row if out_of_memory else table.fail)("memory", f"{name}: {error}")
 
 
 def oar_g_plan_row(table: Table, cfg, flags, s: Sizes):

@@ -74,7 +74,7 @@ def step_rows(table: Table, flags, chosen: list, setting: Setting, threads) -> d
     rows = {}
     for m in chosen:
         if not runs[m]["records"]:
-            table.row("step", f"{m}: failed: {runs[m]['error']}")
+            table.fail("step", f"{m}: failed: {runs[m]['error']}")
             continue
         rows[m] = step_medians(runs[m]["records"])
         r, base = rows[m], rows.get(chosen[0])
@@ -83,7 +83,7 @@ def step_rows(table: Table, flags, chosen: list, setting: Setting, threads) -> d
                   f"{r['time_sample']:.2f} + {r['time_advantage']:.3f} + {r['time_train']:.2f}",
                   f"{r['time_step'] / base['time_step']:.2f}x {chosen[0]}" if base else "")
         if runs[m]["error"]:  # a run that failed after some steps: those are timed, and its error said
-            table.row("step", f"{m}: a run then failed: {runs[m]['error']}")
+            table.fail("step", f"{m}: a run then failed: {runs[m]['error']}")
     if setting.short and any(forward_scoring(m) for m in chosen):
         table.row("step", f"* with {' '.join(setting.short)}: its rule runs one forward per reasoning token")
     return rows

@@ -9,7 +9,7 @@ class Table:
     WIDTHS = (9, 60, 14, 24, 11)
 
     def __init__(self, title: str, out=None):
-        self.out, self.rows = out or sys.stdout, []
+        self.out, self.rows, self.failures = out or sys.stdout, [], []
         self._print(title)
         self._line(("part", "what", "measured", "against", "ratio"))
         self._print("-" * (sum(self.WIDTHS) + len(self.WIDTHS) - 1))
@@ -17,6 +17,11 @@ class Table:
     def row(self, part: str, what: str, measured: str = "", against: str = "", ratio: str = ""):
         self.rows.append((part, what, measured, against, ratio))
         self._line(self.rows[-1])
+
+    def fail(self, part: str, what: str):
+        """A row saying that a part could not measure what it was asked to: bench.py then exits nonzero."""
+        self.failures.append(f"{part}: {what}")
+        self.row(part, what)
 
     def _line(self, cells):
         part, what, measured, against, ratio = (str(c) for c in cells)
