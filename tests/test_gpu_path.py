@@ -101,19 +101,21 @@ def test_memory_flags_run_on_the_tiny_model(base, tmp_path, flags):
         assert steps[-1]["kl"] >= 0
 
 
-def test_training_on_a_dataset_file_reports_bad_rows(base, tmp_path, capsys):
+def test_training_on_a_dataset_file_reports_bad_rows(base, tmp_path, capsys, monkeypatch):
     import train
-    path = tmp_path / "train.jsonl"
+    monkeypatch.setattr(train.data, "INSTRUCTION", "")  # the tiny tokenizer cannot write the papers' instruction
+    path, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
     rows = [{"question": f"Q:{a}+{b}=?", "answer": f"#### {a + b}"} for a in range(3) for b in range(3)]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n" + json.dumps({"question": "no answer"}) + "\n")
-    train.main(["--dataset", str(path), "--eval-dataset", str(path), "--steps", "1", "--prompts-per-step", "4",
+    held.write_text("".join(json.dumps({"question": f"Q:5+{b}=?", "answer": f"#### {5 + b}"}) + "\n" for b in (1, 2)))
+    train.main(["--dataset", str(path), "--eval-dataset", str(held), "--steps", "1", "--prompts-per-step", "4",
                 "--group-size", "2", "--eval-every", "1000", "--run-dir", str(tmp_path / "run"),
                 "--threads", str(THREADS)])
     printed = capsys.readouterr()
     assert f"--dataset {path}: loaded 9 rows, skipped 1 (1 no answer)" in printed.err
     assert f"  {path}:10: no answer" in printed.err and "9 training problems" in printed.out
     evals = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl") if "eval_n" in line]
-    assert evals[0]["eval_n"] == 9
+    assert evals[0]["eval_n"] == 2
 
 
 def test_a_bf16_checkpoint_loads_as_float32(tmp_path):

@@ -84,10 +84,11 @@ def test_one_rl_step_on_the_papers_prompt(qwen, monkeypatch, tmp_path, method):
     # A 0.5B model answers these few problems all right or all wrong, and such groups have no advantage (G1):
     # grading "even length is right" mixes every group, so every step updates (the real grader: test_reward.py).
     monkeypatch.setattr(reward, "is_correct", lambda text, gold, stats=None: len(text) % 2 == 0)
-    problems = tmp_path / "problems.jsonl"
+    problems, held = tmp_path / "problems.jsonl", tmp_path / "held.jsonl"
     problems.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
+    held.write_text(json.dumps({"question": "Sam has 10 apples and eats 3. How many are left?", "answer": "7"}) + "\n")
     run = str(tmp_path / "run")
-    train.main(["--model", NAME, "--dataset", str(problems), "--eval-dataset", str(problems), "--method", method,
+    train.main(["--model", NAME, "--dataset", str(problems), "--eval-dataset", str(held), "--method", method,
                 "--steps", "1", "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", str(NEW_TOKENS),
                 "--temperature", "0.7", "--lr", "1e-6", "--eval-batch-size", "2", "--run-dir", run,
                 "--threads", str(THREADS)])
