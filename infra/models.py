@@ -144,9 +144,8 @@ def assemble(name: str, alias: Packaged, flag: str = "--model") -> str:
 
 def native_bf16(device: str) -> bool:
     """Whether `device` multiplies bf16 matrices in hardware: a CUDA GPU that supports bf16, or a CPU with AVX512-BF16
-    (or AMX) under oneDNN. Measured on this project's CPU (docs/LOG.md, 2026-11-24), bf16 against float32 at a 1.5B's
-    shapes: 4.3x with AVX512-BF16; 0.84x with AVX512 alone (oneDNN capped at AVX512_CORE); 0.012x with AVX2 alone
-    (oneDNN capped at AVX2)."""
+    (or AMX) under oneDNN. Without those instructions a CPU's bf16 products are slower than float32's, by far on
+    AVX2 alone (docs/LOG.md, 2026-11-24)."""
     if device.startswith("cuda"):
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
@@ -155,8 +154,8 @@ def native_bf16(device: str) -> bool:
 
 def bf16_default(name: str, device: str) -> bool:
     """--bf16 when neither --bf16 nor --no-bf16 is given: on for a real model where the device computes bf16 in
-    hardware (the SmolLM2 recipe's step took 7.9 s against 13.1 s in float32 on this CPU), off elsewhere; off for the
-    tiny world, whose results and tests are float32's."""
+    hardware (a faster step: docs/LOG.md), off elsewhere; off for the tiny world, whose results and tests are
+    float32's."""
     return not isinstance(MODELS.get(name), TinyWorld) and native_bf16(device)
 
 
@@ -303,8 +302,8 @@ def check_files(path: str, name: str, flag: str):
 
 
 def check_size(path: str, name: str, flag: str):
-    """A config.json without its shapes makes transformers build its class's default model (Qwen2's has 7B
-    parameters, 28 GiB in float32), which takes the machine's whole memory before anything is said. The model is
+    """A config.json without its shapes makes transformers build its class's default model (Qwen2's: 12B
+    parameters), which takes the machine's whole memory before anything is said. The model is
     built on the meta device first (no memory) and its float32 size compared with the machine's memory."""
     from transformers import AutoConfig, AutoModelForCausalLM
     try:
@@ -387,9 +386,17 @@ def load_tokenizer(name: str, flag: str = "--model"):
     path = packaged_directory(name, flag) if name in MODELS else os.path.expanduser(name)
     try:
         tok = AutoTokenizer.from_pretrained(gguf[0], gguf_file=gguf[1]) if gguf else AutoTokenizer.from_pretrained(path)
-    except Exception as e:  # an offline hub name, a damaged tokenizer file
+    except OSError as e:
+        sys.exit(f"{flag} {name}: {unreachable(path)}: {str(e).splitlines()[0]}")
+    except Exception as e:  # a damaged tokenizer file
         sys.exit(f"{flag} {name}: its tokenizer could not be loaded ({type(e).__name__}: {_first_line(e)})")
     return padded(tok)
+
+
+def unreachable(path: str) -> str:
+    """Why from_pretrained(path) raised an OSError, as a user can act on it."""
+    return "a local directory that could not be loaded" if os.path.isdir(path) else \
+        "not a local directory, and it could not be loaded from the hub (offline machine?)"
 
 
 def padded(tok):
@@ -405,29 +412,22 @@ def load_model(name: str, flag: str = "--model", world=None):
     left (the sampler's layout) and has a pad token (its EOS when the model has none, as for Qwen2.5 base).
     world: the tiny-world task whose warm-started model --model tiny means (data.Dataset.world; None: the default
     task's)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     if isinstance(MODELS.get(name), TinyWorld):
         return MODELS[name].load(world)
-    check_path(name, flag)
+    tok = load_tokenizer(name, flag)  # the files checked first, a packaged alias converted (once)
     path = packaged_directory(name, flag) if name in MODELS else os.path.expanduser(name)
     gguf = gguf_location(name, flag) if name not in MODELS else None
     try:
-        if gguf:
-            model, tok = load_gguf(*gguf)
-            tok.padding_side = "left"
-        else:
-            tok = AutoTokenizer.from_pretrained(path, padding_side="left")
-            # float32 whatever the checkpoint holds: transformers 5 otherwise keeps the stored dtype (bf16 for
-            # Qwen2.5), and at lr 1e-6 an AdamW update is below a bf16 weight's precision: nothing would train.
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        # float32 whatever the checkpoint holds: transformers 5 otherwise keeps the stored dtype (bf16 for
+        # Qwen2.5), and at lr 1e-6 an AdamW update is below a bf16 weight's precision: nothing would train.
+        model = load_gguf(*gguf)[0] if gguf else AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     except OSError as e:
-        where = "a local directory that could not be loaded" if os.path.isdir(path) else \
-            "not a local directory, and it could not be loaded from the hub (offline machine?)"
-        sys.exit(f"{flag} {name}: {where}: {str(e).splitlines()[0]}")
-    except Exception as e:  # damaged files the checks above did not see (a *.bin pickle, a tokenizer's contents)
+        sys.exit(f"{flag} {name}: {unreachable(path)}: {str(e).splitlines()[0]}")
+    except Exception as e:  # damaged files the checks above did not see (a *.bin pickle)
         sys.exit(f"{flag} {name}: could not be loaded ({type(e).__name__}: {_first_line(e)})")
     own_memory(model)
-    return model, padded(tok), name
+    return model, tok, name
 
 
 def own_memory(model):
