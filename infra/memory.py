@@ -37,8 +37,8 @@ def peak_memory_bytes(device: str, rss_at_start: int = 0) -> int:
 
 def release_freed_memory():
     """Hand memory the process freed back to the system (glibc's malloc_trim). glibc keeps freed blocks of up to
-    32 MB for reuse, so without this a phase's resident set starts with the last phase's freed activations: a 1.5B
-    LoRA step's optimizer showed 10.0 GiB resident where 4.4 GiB was live. Elsewhere than glibc, nothing."""
+    32 MB for reuse, so without this a phase's resident set starts with the last phase's freed activations (at
+    1.5B more than twice what was live: docs/LOG.md, 2026-11-24). Elsewhere than glibc, nothing."""
     try:
         import ctypes
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -151,10 +151,9 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     Training forward of `micro_batch` rows: the activations autograd keeps, per token and layer about
     10 H + 2 kv + 4 I values (norm inputs, q/k/v, attention output, the MLP's gate, up, SiLU and product), a
     group's prompt once (sample.token_logprobs shares it), at 4 bytes each even under --bf16: autocast leaves the
-    residual stream, the norms and the softmax in float32, and a 1.5B LoRA step under it kept 1.8 times the 2-byte
-    count (docs/gpu.md). With gradient checkpointing only each layer's input H is kept, plus one layer's full set
-    while it is recomputed. The output layer runs `chunk_tokens` tokens at a time:
-    logits, softmax and their gradient in float32.
+    residual stream, the norms and the softmax in float32 (a 1.5B LoRA step: docs/gpu.md). With gradient
+    checkpointing only each layer's input H is kept, plus one layer's full set while it is recomputed. The output
+    layer runs `chunk_tokens` tokens at a time: logits, softmax and their gradient in float32.
     """
     n = parameters(cfg, lora_rank, lora_targets)
     N = sum(v for k, v in n.items() if k != "adapters")
@@ -196,7 +195,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
             "OAR's output layer, a few columns a row": 3 * oar_chunk * 4 * V * 4,
         }
         if lora_rank and bf16 and n["output layer"]:  # sample.float32 upcasts a bf16 layer's weight per product:
-            # the untied output layer's is the largest (measured: OAR-P's phase 5.2 GiB at 1.5B, 4.0 planned without)
+            # the untied output layer's is the largest, and OAR scores with it in float32
             plan["advantage"]["float32 copy of the bf16 output layer, while used"] = 4 * n["output layer"]
     micro_batch = min(micro_batch, rollouts)  # a micro-batch holds at most the step's rollouts
     rows_prompts = min(micro_batch, max(1, rollouts // max(group_size, 1)))  # a micro-batch's distinct prompts
@@ -204,7 +203,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     activations = tokens * 4 * (L * H + per_layer if grad_checkpointing else L * per_layer)
     # the backward frees each layer's activations as it makes that layer's gradients, so the two coexist only where
     # the gradients outgrow what was freed, and at the start, where the output layer's gradient sits beside them all
-    # (a full-parameter 1.5B step measured 17.6 GiB; counting both whole planned 26.6)
+    # (counting both whole planned half as much again as a full-parameter 1.5B step took: docs/LOG.md)
     extra_gradients = max(4 * trains - activations, 0 if lora_rank else 4 * n["output layer"])
     plan["training forward and backward"] = {
         **states, **autocast,
