@@ -68,6 +68,30 @@ def test_a_failed_part_makes_bench_exit_nonzero(base, monkeypatch, tmp_path, cap
     assert "bench: done" not in capsys.readouterr().err
 
 
+def test_a_run_killed_mid_line_is_a_row_not_a_crash(monkeypatch, tmp_path):
+    script = tmp_path / "train.py"  # train.py as the kernel's OOM killer leaves it: a partial last metrics line
+    script.write_text("import os, sys\nd = sys.argv[sys.argv.index('--run-dir') + 1]\nos.makedirs(d)\n"
+                      "open(os.path.join(d, 'metrics.jsonl'), 'w').write('{\"step\": 1, \"time_step\": 2.0}\\n{\"st')\n"
+                      "sys.exit('Killed')\n")
+    monkeypatch.setattr(steps, "TRAIN", str(script))
+    records, why = steps.train_run((), "grpo", 2)
+    assert records == [{"step": 1, "time_step": 2.0}] and why == "Killed (exit 1)"
+
+
+def test_a_trl_step_that_fails_is_a_failure_and_a_missing_trl_a_skip(monkeypatch):
+    from tools.benchparts import trl_step
+    for raised, failed in ((trl_step.TRLMissing("No module named 'trl'"), False),
+                           (RuntimeError("[enforce fail at alloc_cpu.cpp:119] can't allocate memory"), True)):
+        def trl_seconds(*args, raised=raised):
+            raise raised
+        monkeypatch.setattr(trl_step, "trl_seconds", trl_seconds)
+        table = tables.Table("t")
+        trl_step.trl_rows(table, None, workload.Setting(()), {})
+        what = table.rows[0][1]
+        assert what.startswith("failed: RuntimeError: [enforce fail" if failed else "skipped: No module named 'trl'")
+        assert bool(table.failures) == failed  # before, a torch error in TRL's step was a skip, and bench passed
+
+
 def test_a_memory_run_that_runs_out_of_memory_is_a_measurement_and_any_other_end_a_failure(monkeypatch):
     from tools import memcheck
     monkeypatch.setattr(memcheck, "compare", lambda run_dir: [])

@@ -1,12 +1,13 @@
 """Seconds a step of each method, each run through train.py in its own process (nothing imports train.py), the
 methods taking turns; split into sampling, advantage and training; and the training pass's MFU."""
-import json
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 
 import methods
+from infra import checkpoint
 from tools.benchparts.table import Table, median, progress, rate
 from tools.benchparts.workload import Setting, Workload, matmul_parameters
 
@@ -31,8 +32,8 @@ def train_run(flags, method: str, steps: int, threads=None, what: str = "", run_
                "--run-dir", run_dir, *(["--threads", str(threads)] if threads else [])]
         progress(f"{what or method}: {' '.join(cmd[2:])}")
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-        path = os.path.join(run_dir, "metrics.jsonl")
-        records = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+        with contextlib.redirect_stdout(sys.stderr):  # a line dropped is said there: stdout is the table's
+            records = checkpoint.read_metrics(os.path.join(run_dir, "metrics.jsonl"))  # a killed run's last line
     steps_done = [x for x in records if "time_step" in x or "out_of_memory" in x]
     if r.returncode == 0:
         return steps_done, None

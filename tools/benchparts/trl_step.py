@@ -9,6 +9,10 @@ from tools.benchparts.table import Table, median, progress
 from tools.benchparts.workload import Setting, Workload
 
 
+class TRLMissing(Exception):
+    """TRL is not installed: its row is a skip, not a failure."""
+
+
 def trl_seconds(w: Workload, steps: int, warmup: int) -> float:
     """Seconds a step of TRL's GRPOTrainer at the workload's setting: B prompts x G completions a step (one optimizer
     step per B x G), the same length limit, temperature (top-k and top-p off), learning rate, precision, grader and
@@ -23,7 +27,7 @@ def trl_seconds(w: Workload, steps: int, warmup: int) -> float:
 
         from scaling import trl_grpo
     except ImportError as e:
-        raise RuntimeError(f"{e}: pip install -r requirements/trl.txt (measured with trl 1.16.0)") from None
+        raise TRLMissing(f"{e}: pip install -r requirements/trl.txt (measured with trl 1.16.0)") from None
     a = w.args
     qs = w.problems.draw(random.Random(a.seed), a.prompts_per_step * steps)
     data = Dataset.from_list([{"prompt": q["prompt"], "answer": q["answer"]} for q in qs])
@@ -58,8 +62,11 @@ def trl_rows(table: Table, w: Workload, setting: Setting, ours: dict):
     progress(f"TRL GRPOTrainer, {setting.steps} steps")
     try:
         t = trl_seconds(w, setting.steps, setting.warmup)
-    except RuntimeError as e:
+    except TRLMissing as e:
         table.row("trl", f"skipped: {e}")
+        return
+    except Exception as e:  # a TRL step that fails is a result bench must not pass as a skip
+        table.fail("trl", f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return
     mine = next(iter(ours.values()), None) if ours else None
     timed = f"step {setting.steps}" if setting.steps == setting.warmup + 1 else \
