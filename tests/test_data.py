@@ -193,9 +193,13 @@ def test_prompts_and_cues_the_tokenizer_cannot_write_are_one_line(tmp_path):
     path.write_text(json.dumps({"question": "1+1=?", "answer": "2"}) + "\n")
     with pytest.raises(SystemExit) as e:  # before: 'Please reason step by step' lost its letters
         data.run_problems("tiny", str(path), tiny.build_tokenizer())
-    assert str(e.value.code).startswith(f"--eval-dataset {path}: the tokenizer cannot encode 'Plasrntpy,ufiwh.' of ")
+    # the instruction's characters outside tiny.ALPHABET, in order of first appearance
+    lost = "".join(dict.fromkeys(c for c in data.INSTRUCTION if c not in tiny.ALPHABET and not c.isspace()))
+    assert lost == "Plasrntpy,ufiwh."
+    assert str(e.value.code).startswith(f"--eval-dataset {path}: the tokenizer cannot encode {lost!r} of ")
     with pytest.raises(SystemExit) as e:
         data.check_encodable(tiny.build_tokenizer(), "Hello world", "--oar-cue")
+    assert "".join(c for c in "Hlwr" if c in tiny.ALPHABET) == "" and set("eod ") <= set(tiny.ALPHABET + " ")
     assert str(e.value.code) == "--oar-cue: the tokenizer cannot encode 'Hlwr' of 'Hello world' (the tiny model " \
                                 "writes its own tasks only: give --model a real model)"
     data.check_encodable(tiny.build_tokenizer(), "\\boxed{", "--oar-cue")  # the tiny world's own cue
