@@ -201,10 +201,15 @@ def device_problem(device: str):
 
 
 def check_seed(p, seed: int, flag: str = "--seed"):
+    """p.error(...) where seed_problem has one."""
+    if seed_problem(seed):
+        p.error(f"{flag} {seed}: {seed_problem(seed)}")
+
+
+def seed_problem(seed: int):
     """torch, Python's random and numpy (TRL seeds it) all take a seed in [0, 2^32); torch refuses a larger one only
     once the model is loaded, and a negative one would draw as its absolute value in Python's random."""
-    if not 0 <= seed < 2 ** 32:
-        p.error(f"{flag} {seed}: must be at least 0 and below 2^32")
+    return None if 0 <= seed < 2 ** 32 else "must be at least 0 and below 2^32"
 
 
 def parse_args(argv=None):

@@ -47,7 +47,8 @@ def fail(message: str):
 
 # ---- run.json, the lock, and the refusal to overwrite -----------------------------------------------------------
 
-def _read_json(path: str):
+def read_json(path: str):
+    """A JSON file's contents, or None where it is missing or not JSON (a half-written file)."""
     try:
         with open(path) as f:
             return json.load(f)
@@ -57,7 +58,7 @@ def _read_json(path: str):
 
 def read_info(run_dir: str):
     """run.json as written by write_info, or None if it is missing, not JSON, or not of that shape."""
-    info = _read_json(os.path.join(run_dir, "run.json"))
+    info = read_json(os.path.join(run_dir, "run.json"))
     return info if isinstance(info, dict) and isinstance(info.get("args"), dict) else None
 
 
@@ -79,7 +80,7 @@ def check(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
                 if key in saved and as_saved(saved[key]) != as_saved(getattr(args, key)):
                     fail(f"--resume: {run_dir} is a run with --{key.replace('_', '-')} {saved[key]}, not "
                          f"{getattr(args, key)}; resume it with the same setting, or use another --run-dir")
-        done = (_read_json(os.path.join(ckpt, MANIFEST)) or {}).get("step") if ckpt else None
+        done = (read_json(os.path.join(ckpt, MANIFEST)) or {}).get("step") if ckpt else None
         if isinstance(done, int) and args.steps < done:
             fail(f"--resume: {ckpt} is at step {done}, past --steps {args.steps}; pass --steps {done} or more")
     if overwrite and not resume:  # training from the run's own checkpoint would delete the weights it starts from
@@ -291,7 +292,7 @@ def _swap_in(run_dir: str):
 def _intact(path: str) -> bool:
     """A checkpoint directory whose manifest is readable and whose files have the sizes it lists: problem()'s
     checks but the checksums, which would read every byte of a large model at each save."""
-    files = (_read_json(os.path.join(path, MANIFEST)) or {}).get("files") if os.path.isdir(path) else None
+    files = (read_json(os.path.join(path, MANIFEST)) or {}).get("files") if os.path.isdir(path) else None
     try:
         return isinstance(files, dict) and all(os.path.getsize(os.path.join(path, n)) == e["bytes"]
                                                for n, e in files.items())
@@ -306,7 +307,7 @@ def last_saved(run_dir: str) -> str:
 
 def _last(final: str) -> str:
     """What --resume would continue from, said after a failed save."""
-    step = (_read_json(os.path.join(final, MANIFEST)) or {}).get("step") if os.path.isdir(final) else None
+    step = (read_json(os.path.join(final, MANIFEST)) or {}).get("step") if os.path.isdir(final) else None
     return f"{final} (step {step}) is intact: --resume continues from it" if step is not None else \
         "no earlier checkpoint was saved"
 
@@ -314,7 +315,7 @@ def _last(final: str) -> str:
 def problem(path: str, skip: tuple = ()):
     """Why the checkpoint directory `path` cannot be resumed from (one line), or None if it is complete. skip: files
     not checked (state.pt, where only the model is read)."""
-    manifest = _read_json(os.path.join(path, MANIFEST))
+    manifest = read_json(os.path.join(path, MANIFEST))
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(isinstance(e, dict) and {"bytes", "sha256"} <= e.keys()
                                               for e in files.values()):

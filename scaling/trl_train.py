@@ -16,7 +16,6 @@ import os
 import random
 import sys
 import time
-import types
 from dataclasses import dataclass, field
 
 if __package__ in (None, ""):  # run as a file (python scaling/trl_train.py): the project's modules are one folder up
@@ -101,7 +100,8 @@ def check(ns):
             sys.exit(f"--{name} {getattr(ns, name)}: must be at least 1")
     if config.threads_problem(ns.threads):
         sys.exit(f"--threads {ns.threads}: {config.threads_problem(ns.threads)}")
-    config.check_seed(types.SimpleNamespace(error=sys.exit), ns.seed)  # its p.error: one line, not TRL's usage
+    if config.seed_problem(ns.seed):  # one line, not TRL's usage
+        sys.exit(f"--seed {ns.seed}: {config.seed_problem(ns.seed)}")
     if os.environ.get("LOCAL_RANK", "0") == "0":  # one probe a machine: processes making the folder at once collide
         checkpoint.writable_dir(ns.output_dir, "--output_dir")
     if ns.num_generations < 2:

@@ -23,9 +23,10 @@ def float32_unless_asked(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def tmp_path_removed_after(request):
-    """Removes each test's tmp_path when the test ends. Tests write real checkpoints (1.6 GB for SmolLM2, 7 GB for
-    the 0.5B with its optimizer state), and pytest keeps every tmp_path of its last three sessions: 28 GB a session,
-    which filled CI's disk on 2026-11-24. Asked for at setup, so tmp_path outlives this teardown."""
+    """Removes each test's tmp_path when the test ends. Tests write real checkpoints with their optimizer state, and
+    pytest keeps every tmp_path of its last three sessions, which filled CI's disk (docs/LOG.md, 2026-11-24). Asked
+    for at setup, so tmp_path outlives this teardown. (pytest's tmp_path_retention_policy would need an ini file at
+    the root, which shows the paper.)"""
     path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
     yield
     if path is not None:

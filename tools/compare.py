@@ -105,11 +105,8 @@ def read_done(done_path: str):
     compare.py wrote it in place): that run is then resumed from its checkpoint, which redoes no finished step."""
     if not os.path.exists(done_path):
         return None
-    try:
-        with open(done_path) as f:
-            steps = json.load(f)["steps"]
-    except (OSError, ValueError, TypeError, KeyError, RecursionError):
-        steps = None
+    done = checkpoint.read_json(done_path)
+    steps = done.get("steps") if isinstance(done, dict) else None
     if not isinstance(steps, int):
         print(f"{done_path}: unreadable; its run is checked again", flush=True)
         return None

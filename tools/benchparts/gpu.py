@@ -90,7 +90,7 @@ def gpu_flags(model_dir: str, problems: str, device: str, s: Sizes) -> dict:
         "steps": base + ("--prompts-per-step", str(s.prompts), "--group-size", str(s.group // 2),
                          "--max-new-tokens", str(s.step_tokens), "--bf16", "--micro-batch-size", str(s.group // 2)),
         # OAR-G's peak is set by its chunk of rollouts and their length, not by how many a step has. At the recipe's
-        # 3072 tokens the plan of its default chunk (8 rollouts at 1.5B) is about 140 GiB, more than one GPU has,
+        # 3072 tokens the plan of its default chunk (8 rollouts at 1.5B) is more than one GPU has (--dry-run),
         # so it is measured on the steps' responses and planned (oar_g_plan_row) at the recipe's.
         "oar-g": recipe + ("--prompts-per-step", str(max(1, s.prompts // 4)), "--max-new-tokens", str(s.step_tokens)),
     }

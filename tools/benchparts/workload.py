@@ -37,19 +37,7 @@ RECIPE = ("--prompts-per-step", "8", "--group-size", "8", "--max-new-tokens", "4
 SHORT = ("--max-new-tokens", "16")
 
 # A real model's counts are sized so that `bench.py --model smollm2-135m --threads 2` ends within 20 minutes on the
-# 2-core machine. docs/LOG.md measured the recipe's step at 23 s of sampling and 20 s of training (--threads 1, two
-# runs at once) and at 51 s in all (--threads 2, the machine shared). The tiny model's shares of the machine (its
-# decoding about 40 % of the decode-shape matmul, its training MFU about 50 %, at 1 thread) applied to SmolLM2's
-# 134M multiplying weights agree: 64 rows x 40 decode steps, and about 2,600 tokens trained on at 6 x 134M FLOPs
-# each, take 15-20 s each at the 100-200 GFLOP/s of 2 threads in float32. Taking 51 s a step for grpo, ktae and
-# entropy, about 75 s for oar-g (its backward to the embeddings costs about a training pass more) and 60 s for oar-p
-# (16 tokens, one forward each; at 40 tokens it would be 2.5x longer), and 20 s a run for its start, train.py's two
-# evaluations (BENCH_FLAGS) and its checkpoint, two steps a method (the first a warm-up) take
-# 2 x (3 x 51 + 75 + 60) + 5 x 20 = 676 s. The sampler: ours about a step's sampling (25 s), model.generate at most
-# 1.9x that (its ratio on the tiny model, where overhead dominates; less where matrix products do), greedy and
-# sampled, a warm-up and a timed turn each: 2 x 2 x 73 = 292 s. The machine's limits and the model's load: under
-# 30 s. About 17 minutes in all; --trl adds about 4 (two TRL steps, each at most twice ours, and a reload). Each step
-# more a method adds about 5 minutes, each sampler repetition 2.5.
+# 2-core machine: the estimate is in docs/LOG.md (2026-11-24, "how bench.py is sized").
 SETTINGS = {
     # the tiny default as earlier entries of docs/LOG.md measured it: 16 prompts x 8, 48 new tokens, the real grader
     "tiny": Setting(("--prompts-per-step", "16", "--group-size", "8"), steps=14, warmup=4, rounds=2, repeat=11),
