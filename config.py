@@ -2,6 +2,8 @@
 made before anything heavy runs (a bad value is one argparse error naming the flag). `python train.py --help` lists
 them with defaults. The flags evaluate.py shares with train.py are declared once, in add_shared_flags."""
 import argparse
+import contextlib
+import io
 import math
 import os
 
@@ -210,6 +212,20 @@ def seed_problem(seed: int):
     """torch, Python's random and numpy (TRL seeds it) all take a seed in [0, 2^32); torch refuses a larger one only
     once the model is loaded, and a negative one would draw as its absolute value in Python's random."""
     return None if 0 <= seed < 2 ** 32 else "must be at least 0 and below 2^32"
+
+
+def parse_args_one_line(argv: list):
+    """parse_args for a script that runs train.py's checks on flags it builds (compare.py, the TRL scripts): a refusal
+    is SystemExit(its one line), not argparse's usage of train.py's every flag."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return parse_args(argv)
+    except SystemExit as e:
+        if isinstance(e.code, str):  # a check's own line
+            raise SystemExit(e.code) from None
+        lines = said.getvalue().strip().splitlines()
+        raise SystemExit(lines[-1].split("error: ", 1)[-1] if lines else f"refused (exit status {e.code})") from None
 
 
 def parse_args(argv=None):

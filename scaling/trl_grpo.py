@@ -29,8 +29,6 @@ D4 the reward functions below (+-1 and the soft overlong penalty) and mask_trunc
 filter). D2's dynamic sampling is not in TRL 1.16 and is not built here: every group is trained on, as
 train.py's --no-dynamic-sampling does. trl_train.py says so when the method asks for it.
 """
-import contextlib
-import io
 
 import torch
 from accelerate.utils import gather_object
@@ -60,12 +58,7 @@ def rule_args(method: str, *, group_size: int, max_new_tokens: int, device: str,
             "--group-size", str(group_size), "--max-new-tokens", str(max_new_tokens), "--device", device,
             *(["--bf16"] if bf16 else []), *(["--no-std-scale"] if scale_rewards == "none" else []),
             *flags.split()]
-    err = io.StringIO()  # config's argparse prints train.py's whole usage before its error: keep the error line only
-    try:
-        with contextlib.redirect_stderr(err):
-            return config.parse_args(argv)
-    except SystemExit:
-        raise SystemExit(err.getvalue().strip().splitlines()[-1]) from None
+    return config.parse_args_one_line(argv)
 
 
 def grpo_config_options(args) -> dict:

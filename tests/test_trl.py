@@ -137,6 +137,12 @@ def test_trl_loss_and_gradient_equal_policy_loss(fixed, tmp_path, monkeypatch, l
         assert_close(p.grad, w, rel=1e-4, scale=scale, what=f"{loss_type} gradient")
 
 
+def test_a_rule_flag_train_py_refuses_is_its_line_alone():
+    with pytest.raises(SystemExit) as e:  # before: "-: error: --lr 0.0: ...", argparse's prefix of a nameless parser
+        trl_grpo.rule_args("grpo", group_size=4, max_new_tokens=16, device="cpu", flags="--lr 0")
+    assert e.value.code == "--lr 0.0: must be greater than 0"
+
+
 def test_dapo_rewards_and_options_are_trls():
     args = trl_grpo.rule_args("dapo", group_size=4, max_new_tokens=48, device="cpu")
     assert trl_grpo.grpo_config_options(args) == {"epsilon_high": 0.28, "loss_type": "dapo"}

@@ -22,8 +22,6 @@ checkpoint starts over (train.py --overwrite), so a stopped comparison picks up 
     heatmaps/METHOD.html                                     the last evaluation's heat map (seed 0)
 """
 import argparse
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -67,15 +65,10 @@ def check_train_flags(p, chosen, seeds, args):
     refuses would otherwise stop the comparison only when its run is reached, perhaps hours in."""
     for method in chosen:
         for seed in seeds:
-            said = io.StringIO()
             try:
-                with contextlib.redirect_stderr(said):  # argparse's usage of train.py: dozens of lines
-                    config.parse_args(train_flags(method, seed, args))
+                config.parse_args_one_line(train_flags(method, seed, args))
             except SystemExit as e:
-                lines = said.getvalue().strip().splitlines()
-                why = e.code if isinstance(e.code, str) else lines[-1].split("error: ", 1)[-1] if lines else \
-                    f"train.py would exit (status {e.code}) without running"
-                p.error(f"train.py refuses the flags of {method} seed {seed}: {why}")
+                p.error(f"train.py refuses the flags of {method} seed {seed}: {e.code}")
 
 
 def distinct(p, flag: str, text: str, given: list, key):
