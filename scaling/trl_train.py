@@ -178,8 +178,6 @@ def main(argv=None):
         print(f"greedy held-out accuracy: {before:.3f} -> {after:.3f}   ({len(held_out.eval_golds)} problems, "
               f"model in {cfg.output_dir})")
     trainer.accelerator.wait_for_everyone()
-    if torch.distributed.is_initialized():  # left to the interpreter's exit, gloo's threads once aborted a process
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
