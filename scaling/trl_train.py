@@ -180,5 +180,21 @@ def main(argv=None):
     trainer.accelerator.wait_for_everyone()
 
 
+def leave():
+    """How each process of a multi-process run ends, after main()'s last barrier: its output flushed, then out
+    without Python's teardown (os._exit), so that no gloo process group is destroyed. A gloo worker thread can
+    still hold the last reference to the tensors of the last collectives, and releasing them needs the GIL;
+    ProcessGroupGloo's destructor joins that thread while holding the GIL. Destroyed by destroy_process_group and
+    the DDP model's release, that deadlocked (1 run in 15 with both cores busy, 2026-11-25: py-spy showed the main
+    thread in ~ProcessGroupGloo's join, the worker in ~AsyncAllgatherWork waiting for the GIL); left to the
+    interpreter's exit, the same release aborts the process ("terminate called without an active exception", about
+    1 run in 13). Nothing is left to write: the model was saved before the barrier."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_initialized():  # several processes (torchrun, accelerate launch)
+        leave()
