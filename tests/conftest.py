@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import sys
@@ -33,6 +34,16 @@ def tmp_path_removed_after(request):
         shutil.rmtree(path, ignore_errors=True)
 
 
+def record_margin(what: str, used: float):
+    """With TEST_MARGINS=FILE, a JSON line per comparison: the test, what it compared and the share of its tolerance
+    the difference used (max|diff| / bound). The margins the tolerance comments state were measured so:
+    TEST_MARGINS=/tmp/margins.jsonl python -m pytest, then the largest share per test."""
+    if os.environ.get("TEST_MARGINS"):
+        with open(os.environ["TEST_MARGINS"], "a") as f:
+            f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0], "what": what,
+                                "used": used}) + "\n")
+
+
 def assert_close(actual, expected, rel: float = 1e-5, scale: float = None, what: str = ""):
     """max|actual - expected| <= rel * scale, scale = max|expected| unless given (tiny if 0).
 
@@ -47,6 +58,7 @@ def assert_close(actual, expected, rel: float = 1e-5, scale: float = None, what:
     scale = expected.abs().max().item() if scale is None else scale
     bound = rel * max(scale, torch.finfo(torch.float32).tiny)
     err = (actual - expected).abs().max().item() if actual.numel() else 0.0
+    record_margin(what, err / bound)
     assert err <= bound, f"{what}: max|diff| {err:.3g} > {rel:g} x scale {scale:.3g} (max|expected| " \
                          f"{expected.abs().max().item():.3g})"
 

@@ -25,7 +25,7 @@ import sample
 import train
 from infra import fastpath
 from toyworld import tiny
-from conftest import assert_close
+from conftest import assert_close, record_margin
 from test_sample import assert_grads_close, grads_of
 
 ARCHS = ["qwen3", "gemma2", "phi3", "gpt2"]
@@ -117,15 +117,29 @@ def test_sampled_logprobs_equal_the_models_forward(models_, tok, arch):
     model.zero_grad(set_to_none=True)
 
 
+def propagated(scores: torch.Tensor, delta: torch.Tensor, reason: torch.Tensor) -> torch.Tensor:
+    """How far a score difference `delta` [n, L] can move the weights O4-O5 make of `scores` [n, L], to first order,
+    doubled: 2 |J| |delta|, J the Jacobian of reshape(normalise(.)) at `scores` (in float64). O4 divides by each row's
+    score range, so a difference in the scores comes out larger in the weights, by as much as that range is small:
+    a fixed tolerance on the weights would pass or fail with the model's scores, not with the code."""
+    f = lambda s: oar.reshape(oar.normalise(s, reason), reason)  # noqa: E731
+    J = torch.autograd.functional.jacobian(f, scores.double())  # [n, L, n, L]
+    return 2 * torch.einsum("ijkl,kl->ij", J.abs(), delta.abs().double())  # [n, L]
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "gpt2", "gemma2"])
 def test_oar_weights_equal_the_full_forward(tok, arch):
     # OAR-P's and OAR-G's scores and weights with groups (Qwen3, GPT2: the prompts' cache copied to the rows and
     # the model's own forward over the rest; Gemma2: its sliding window refuses the copy, the full forward runs)
     # equal those of the model's own forward over every column, as tests/test_oar.py checks for the tiny model.
     # Weights of std 0.2 instead of 0.02: a sharper model, whose KLs (OAR-P up to 0.2, OAR-G 4e-5 to 8e-4) are not
-    # at float32's floor. Measured: OAR-P's scores and weights differ by up to 6e-5 of their scale; OAR-G's KL under
-    # noise of 1e-3 cancels, and they differ by up to 5e-4 (scores) and 1.5e-3 (weights) in float32, 1e-12 in
-    # float64 (GPT2); a row without its prompt, or at shifted positions, differs by a share of the scores.
+    # at float32's floor. The scores are compared at a tolerance relative to their scale (OAR-G's KL under noise of
+    # 1e-3 cancels, hence its 1e-2); the weights within what the scores' actual difference can move them through
+    # O4-O5 (propagated), plus float32's rounding of the weights themselves.
+    # Margins, max|diff| / bound on this project's CPU (2026-11-25, TEST_THREADS 2): scores OAR-P 0.16 (gpt2), 0.03
+    # (qwen3), OAR-G 0.05, 0.03; weights 0.46-0.50 of the propagated bound, on any CPU alike (the first order is the
+    # whole difference, and the bound is twice it); gemma2 0 (one path). Before, the weights had the scores' 1e-4:
+    # gpt2's OAR-P weights used 0.52 of it here and 1.005 on another CPU (issue 42).
     model = build(arch, tok, init=0.2)
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     prompts_ = [enc(tiny.prompt(q)) for q in ("7+8-9", "3+4", "7+8-9", "7+8-9")]
@@ -146,7 +160,10 @@ def test_oar_weights_equal_the_full_forward(tok, arch):
         assert_close(shared, plain, rel=rel, what=f"{name} scores")
         w_plain, w_shared = (oar.reshape(oar.normalise(s, reason), reason) for s in (plain, shared))
         assert (w_plain[reason.bool()] - 1).abs().max() > 0.1  # the weights reshape something
-        assert_close(w_shared, w_plain, rel=rel, what=f"{name} weights")
+        bound = propagated(plain, shared - plain, reason) + 4 * torch.finfo(torch.float32).eps * w_plain.abs().max()
+        over = (w_shared - w_plain).abs().double() - bound  # [n, L]
+        assert over.max() <= 0, f"{name} weights: {over.max():.3g} past the bound the scores' difference allows"
+        record_margin(f"{name} weights", ((w_shared - w_plain).abs().double() / bound).max().item())
 
 
 RL_STEPS = [("gpt2", m) for m in ("grpo", "dapo", "ktae", "dapo+ktae", "oar-p", "oar-g")] + [
