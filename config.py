@@ -115,8 +115,16 @@ def parser() -> argparse.ArgumentParser:
                    help="E1: the share of the batch's tokens, by sampling entropy, that the entropy rule trains on")
     # evaluation and saving
     p.add_argument("--eval-every", type=int, default=50,
-                   help="greedy held-out evaluation every N steps (and at the end)")
-    p.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps (and at the end)")
+                   help="greedy held-out evaluation every N steps (0: never during the run); the evaluations before "
+                        "the first step and after the last stay unless --no-final-eval")
+    p.add_argument("--final-eval", action=argparse.BooleanOptionalAction, default=True,
+                   help="evaluate before the first step and after the last (--no-final-eval: a smoke test that "
+                        "evaluates nothing)")
+    p.add_argument("--save-every", type=int, default=50,
+                   help="checkpoint every N steps (0: never during the run); the last step's checkpoint stays unless "
+                        "--no-final-save")
+    p.add_argument("--final-save", action=argparse.BooleanOptionalAction, default=True,
+                   help="checkpoint after the last step (--no-final-save: a smoke test that leaves no checkpoint)")
     # hardware
     p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward (GPU memory)")
     p.add_argument("--lora-rank", type=int, default=0,
@@ -264,7 +272,7 @@ def check_args(p, args):
     traceback after the model load or a run that silently does nothing."""
     check_shared(p, args)
     at_least(p, args, {"steps": 1, "prompts_per_step": 1, "max_new_tokens": 1, "micro_batch_size": 1, "mu": 1,
-                       "eval_every": 1, "save_every": 1, "eval_limit": 1, "eval_batch_size": 1,
+                       "eval_every": 0, "save_every": 0, "eval_limit": 1, "eval_batch_size": 1,
                        "max_sampling_rounds": 1, "gen_batch_size": 0, "problem_pool": 0, "warmup_steps": 0,
                        "oar_chunk": 1, "lora_rank": 0})
     if args.group_size < 2:  # G1 divides by the group's standard deviation, which needs two rollouts

@@ -226,9 +226,10 @@ def start(args, ckpt) -> Run:
         # None if the step-0 evaluation's line is gone
         run.first_accuracy = next((r["eval_accuracy"] for r in kept if r.get("step") == 0 and "eval_accuracy" in r),
                                   None)
-    else:
+    elif args.final_eval:
         run.first_accuracy = run_eval(run, 0)
-    print(f"greedy held-out accuracy before: {_fmt(run.first_accuracy)} ({len(problems.eval_golds)} problems)")
+    if args.final_eval:
+        print(f"greedy held-out accuracy before: {_fmt(run.first_accuracy)} ({len(problems.eval_golds)} problems)")
     run.t_start = time.time()
     return run
 
@@ -393,11 +394,11 @@ def finish_step(run: Run, done: int, heatmap=None) -> bool:
     args, run.step = run.args, done
     out_of_time = args.max_minutes is not None and time.time() - run.t_start > 60 * args.max_minutes
     last_step = done == args.steps or out_of_time
-    if done % args.eval_every == 0 or last_step:
+    if (args.eval_every and done % args.eval_every == 0) or (last_step and args.final_eval):
         tqdm.write(f"step {done}: greedy held-out accuracy {run_eval(run, done):.3f}")
         if heatmap is not None:
             heatmap(done)
-    if done % args.save_every == 0 or last_step:
+    if (args.save_every and done % args.save_every == 0) or (last_step and args.final_save):
         # the HF model directory and state.pt: optimizer, scheduler, RNG states, D2's buffer (and LoRA's adapters)
         state = {"step": done, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
                  "torch_rng": torch.get_rng_state(), "problem_rng": run.problem_rng.getstate(), "args": vars(args),
@@ -419,8 +420,8 @@ def finish(run: Run):
     checkpoint.write_info(run.args.run_dir, run.args, finished=True, step=evals[-1]["step"] if evals else run.step)
     if run.lock is not None:
         run.lock.close()
-    print(f"greedy held-out accuracy: {_fmt(run.first_accuracy)} -> {_fmt(last)}   "
-          f"(run directory: {run.args.run_dir})")
+    said = f"{_fmt(run.first_accuracy)} -> {_fmt(last)}" if evals else "not evaluated (--no-final-eval)"
+    print(f"greedy held-out accuracy: {said}   (run directory: {run.args.run_dir})")
     return run.first_accuracy, last
 
 

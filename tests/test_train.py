@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import train
+from conftest import checkpoint_reopens
 from infra import plots
 from toyworld import tiny
 
@@ -111,7 +112,29 @@ def test_time_budget_stops_with_an_evaluation_and_a_checkpoint(base, tmp_path):
     lines = read(run_dir / "metrics.jsonl")
     assert [m["step"] for m in lines if "reward_mean" in m] == [1]
     assert [m["step"] for m in lines if "eval_accuracy" in m] == [0, 1]
-    assert (run_dir / "checkpoint" / "model.safetensors").exists()
+    # the checkpoint opens with the Auto classes, the tiny tokenizer included (a qwen2 config beside it once made
+    # AutoTokenizer drop spaces and newlines: ../shared/PITFALLS.md)
+    moved = checkpoint_reopens(str(run_dir / "checkpoint"), *base, "Q:3+5=?\nA: 8")
+    assert 0 < moved < 1e-2
+
+
+@pytest.mark.parametrize("flags, evals, saved", [
+    (["--eval-every", "0", "--save-every", "0"], [0, 3], 3),  # none during the run: before and after only
+    (["--eval-every", "2", "--save-every", "2"], [0, 2, 3], 3),  # every 2 steps, and the end
+    (["--eval-every", "0", "--save-every", "0", "--no-final-eval", "--no-final-save"], [], None),  # a smoke test
+])
+def test_every_zero_means_never_and_the_end_stays_unless_asked(base, tmp_path, capsys, flags, evals, saved):
+    run_dir = tmp_path / "run"
+    train.main(["--steps", "3", "--prompts-per-step", "2", "--group-size", "4", "--eval-limit", "8",
+                "--run-dir", str(run_dir), *flags])
+    lines = read(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in lines if "reward_mean" in m] == [1, 2, 3]
+    assert [m["step"] for m in lines if "eval_accuracy" in m] == evals
+    manifest = run_dir / "checkpoint" / "manifest.json"
+    assert (json.loads(manifest.read_text())["step"] if manifest.exists() else None) == saved
+    assert (run_dir / "checkpoint.prev").exists() == ("2" in flags)  # a save every 2 steps: the one before the last
+    said = capsys.readouterr().out.splitlines()[-1]
+    assert said.startswith("greedy held-out accuracy: " + ("not evaluated" if not evals else ""))
 
 
 def same_style(got: str, expected: str) -> bool:
