@@ -335,14 +335,14 @@ def encoding_loss(texts, tok_or_alphabet) -> list:
 
     encoding_loss(["Q:1+2=?", "Q:1+é2=?"], tiny.ALPHABET) == ["", "é"]
     """
+    texts = [unicodedata.normalize("NFC", text) for text in texts]
+    if isinstance(tok_or_alphabet, (str, set, frozenset)):
+        backs = ["".join(ch for ch in text if ch in tok_or_alphabet) for text in texts]
+    elif texts:  # one call for all: a training set of thousands of rows is encoded at once, not row by row
+        ids = tok_or_alphabet(texts, add_special_tokens=False)["input_ids"]
+        backs = tok_or_alphabet.batch_decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
     out = []
-    for text in texts:
-        text = unicodedata.normalize("NFC", text)
-        if isinstance(tok_or_alphabet, (str, set, frozenset)):
-            back = "".join(ch for ch in text if ch in tok_or_alphabet)
-        else:
-            ids = tok_or_alphabet(text, add_special_tokens=False)["input_ids"]
-            back = tok_or_alphabet.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    for text, back in zip(texts, backs if texts else []):
         back = unicodedata.normalize("NFC", back)
         if back == text:
             out.append("")
@@ -505,7 +505,7 @@ def run_problems(name: str, eval_name: str, tokenizer, *, data_dir: str = DATA_D
     for p in pool or []:
         p["prompt"] = ds.prompt(tokenizer, p)
     if pool and room is not None:  # sampled past its context, a model's positions mean nothing it has learned
-        lengths = [len(tokenizer(p["prompt"])["input_ids"]) for p in pool]
+        lengths = [len(ids) for ids in tokenizer([p["prompt"] for p in pool])["input_ids"]]
         long = [f"{p['where']}: a prompt of {n} tokens, more than the {room} the model's context leaves beside the "
                 f"response budget" for p, n in zip(pool, lengths) if n > room]
         if long:

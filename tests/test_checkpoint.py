@@ -572,15 +572,25 @@ def run(*args, **env):
                           env={**os.environ, **env})
 
 
-def test_model_directories_without_a_model_are_one_line_and_leave_no_run_dir(tmp_path):
+def one_line(capsys, *args) -> str:
+    """refused(args), once nothing else was written to stderr (no traceback, no warning): what `python train.py ARGS`
+    prints, since sys.exit(line) prints its line and exits 1. A process of its own would cost seconds of imports for
+    the same line (tests/test_train.py runs train.py as a process)."""
+    capsys.readouterr()
+    message = refused(list(args))
+    assert "\n" not in message and capsys.readouterr().err.strip() == ""
+    return message
+
+
+def test_model_directories_without_a_model_are_one_line_and_leave_no_run_dir(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
     config_only = tmp_path / "config-only"
     config_only.mkdir()
     (config_only / "config.json").write_text("{}")
     for model, expect in [(empty, "no config.json in this directory"), (config_only, "no weights")]:
-        r = run("--model", str(model), "--run-dir", str(tmp_path / "run"))
-        assert r.returncode == 1 and r.stderr.strip() == f"--model {model}: {expect}" + (
+        line = one_line(capsys, "--model", str(model), "--run-dir", str(tmp_path / "run"))
+        assert line == f"--model {model}: {expect}" + (
             " (is it a Hugging Face model directory?)" if model == empty
             else " (*.safetensors or *.bin) in this directory")
         assert not (tmp_path / "run").exists()
@@ -592,14 +602,13 @@ def test_dry_run_with_an_unreachable_hub_name_is_one_line(tmp_path):
     assert r.stderr.startswith("--model no-such-owner/no-such-model: not a local directory")
 
 
-def test_a_missing_dataset_file_stops_before_anything_loads_and_a_dry_run_needs_none(tmp_path):
+def test_a_missing_dataset_file_stops_before_anything_loads_and_a_dry_run_needs_none(tmp_path, capsys):
     missing = tmp_path / "nope.jsonl"
     for flag in ("--dataset", "--eval-dataset"):
-        r = run(flag, str(missing), "--run-dir", str(tmp_path / "run"))
-        assert r.returncode == 1
-        assert r.stderr.strip().splitlines() == [f"{flag} {missing}: not found (no file {missing})"]
+        assert one_line(capsys, flag, str(missing), "--run-dir", str(tmp_path / "run")) == \
+            f"{flag} {missing}: not found (no file {missing})"
         assert not (tmp_path / "run").exists()
     # the plan reads the model's config alone: a clone with no data beside it can still plan (the data's record
     # gives the prompt length, the default one for a file)
-    r = run("--dataset", str(missing), "--dry-run")
-    assert r.returncode == 0 and "peak:" in r.stdout
+    train.main(["--dataset", str(missing), "--dry-run"])
+    assert "peak:" in capsys.readouterr().out

@@ -22,13 +22,8 @@ def test_help_exits_zero_at_once(script, tmp_path):
     assert r.stdout.startswith("usage:") and "--help" in r.stdout
     assert time.perf_counter() - t0 < 60  # printing help, not running (bench.py alone used to run 13 minutes)
     assert not os.listdir(tmp_path)  # and writing nothing
-
-
-def test_bench_and_compare_take_threads():
-    for script in ("tools/bench.py", "tools/compare.py", "evaluate.py"):
-        r = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True,
-                           timeout=120, env=ENV)
-        assert "--threads" in r.stdout, script
+    if script in ("train.py", "evaluate.py", "tools/compare.py", "tools/bench.py"):  # what runs models
+        assert "--threads" in r.stdout  # a shared machine needs it (torch's default threads collapse there)
 
 
 def test_compare_from_another_directory_puts_runs_under_the_given_dir(base, tmp_path):

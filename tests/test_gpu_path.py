@@ -8,8 +8,9 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
+import train
 from infra import memory, models
 from toyworld import tiny
 from conftest import THREADS
@@ -30,31 +31,26 @@ def test_parameter_count_of_qwen25_15b():
         assert memory.n_params(small) == sum(p.numel() for p in Qwen2ForCausalLM(small).parameters())
 
 
-def test_dry_run_prints_the_full_size_plan_from_a_config_alone(tmp_path):
+def test_dry_run_prints_the_full_size_plan_from_a_config_alone(tmp_path, capsys):
     Qwen2Config(num_hidden_layers=28, **QWEN15).save_pretrained(tmp_path)  # config.json only, no weights
-    r = subprocess.run([sys.executable, "train.py", "--method", "ktae", "--model", str(tmp_path), "--dataset", "gsm8k",
-                        "--dry-run", "--max-new-tokens", "3072", "--micro-batch-size", "16", "--gpu-memory", "80",
-                        "--threads", str(THREADS)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    out = r.stdout
+    train.main(["--method", "ktae", "--model", str(tmp_path), "--dataset", "gsm8k", "--dry-run", "--max-new-tokens",
+                "3072", "--micro-batch-size", "16", "--gpu-memory", "80", "--threads", str(THREADS)])
+    out = capsys.readouterr().out
     assert "1.544 B parameters, 28 layers" in out and "KV cache: 128 rows x 3584 tokens" in out
     assert "does NOT fit" in out and "--grad-checkpointing" in out  # 16 rows of 3584 tokens need checkpointing
     together = [line for line in out.splitlines() if line.strip().startswith("--grad-checkpointing --")]
     assert together and float(together[0].split("peak")[1].split()[0]) < 80
 
 
-def test_dry_run_names_the_oar_chunk_that_fits(tmp_path):
+def test_dry_run_names_the_oar_chunk_that_fits(tmp_path, capsys):
     # OAR-G's backward keeps every layer's float32 activations for the rollouts it scores at once: at 3072 tokens
     # a 1.5B takes about 16.7 GiB a rollout, so the default chunk of 8 needs 133 GiB; the plan names the largest
     # chunk under which the run fits in 80 GB: beside 19 GiB of weights and moments, (80 - 19) / 16.7 = 3.6 -> 3
     Qwen2Config(num_hidden_layers=28, **QWEN15).save_pretrained(tmp_path)
-    r = subprocess.run([sys.executable, "train.py", "--method", "oar-g", "--model", str(tmp_path), "--dataset", "gsm8k",
-                        "--dry-run", "--max-new-tokens", "3072", "--micro-batch-size", "4", "--gpu-memory", "80",
-                        "--bf16", "--grad-checkpointing", "--oar-chunk", "8", "--threads", str(THREADS)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("--oar-chunk"))
+    train.main(["--method", "oar-g", "--model", str(tmp_path), "--dataset", "gsm8k", "--dry-run", "--max-new-tokens",
+                "3072", "--micro-batch-size", "4", "--gpu-memory", "80", "--bf16", "--grad-checkpointing",
+                "--oar-chunk", "8", "--threads", str(THREADS)])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("--oar-chunk"))
     chunk, peak = int(line.split()[1]), float(line.split("peak")[1].split()[0])
     assert chunk == 3 and peak <= 80
 
@@ -69,9 +65,13 @@ def test_one_rl_step_of_a_two_layer_qwen15b_shape_fits_its_plan(tmp_path):
     Qwen2ForCausalLM(cfg).save_pretrained(tmp_path / "model")
     tiny.build_tokenizer().save_pretrained(tmp_path / "model")
     run_dir = tmp_path / "run"
+    # No evaluation and no checkpoint (--no-final-eval --no-final-save): the plan covers the step's phases, and a
+    # checkpoint of 4 GB (weights and AdamW's moments) would take a quarter of the test; train.py's checkpoints
+    # reopen with the Auto classes in tests/test_train.py (the tiny tokenizer), test_qwen.py and test_smollm2.py.
     args = ["--method", "grpo", "--model", str(tmp_path / "model"), "--steps", "1", "--prompts-per-step", "2",
             "--group-size", "2", "--max-new-tokens", "16", "--micro-batch-size", "4", "--eval-limit", "2",
-            "--eval-every", "1000", "--run-dir", str(run_dir), "--threads", str(THREADS), "--beta", "0.01"]
+            "--no-final-eval", "--no-final-save", "--run-dir", str(run_dir), "--threads", str(THREADS), "--beta",
+            "0.01"]
     r = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     step = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if "time_step" in line][0]
@@ -82,11 +82,6 @@ def test_one_rl_step_of_a_two_layer_qwen15b_shape_fits_its_plan(tmp_path):
     measured = step["peak_memory_gib"]
     print(f"planned {planned:.2f} GiB, measured {measured:.2f} GiB")
     assert abs(measured - planned) <= 0.25 * planned, (planned, measured)
-    # what train.py saved opens with the Auto classes, tokenizer included
-    ckpt = run_dir / "checkpoint"
-    assert type(AutoModelForCausalLM.from_pretrained(ckpt)).__name__ == "Qwen2ForCausalLM"
-    tok = AutoTokenizer.from_pretrained(ckpt)
-    assert tok.decode(tok("Q:3+5=?\nA:")["input_ids"]) == "Q:3+5=?\nA:"
 
 
 @pytest.mark.parametrize("flags", [["--bf16"], ["--grad-checkpointing", "--gen-batch-size", "2", "--beta", "0.04",

@@ -88,14 +88,19 @@ def test_one_rl_step_of_every_method(smol, monkeypatch, tmp_path, method):
     # updates; the real grader is tested in test_reward.py.
     monkeypatch.setattr(reward, "is_correct", lambda text, gold, stats=None: len(text) % 2 == 0)
     run = str(tmp_path / "run")
+    # one run evaluates and saves (oar-g: its checkpoint is reopened below); the others take their step alone, since
+    # the evaluation and the checkpoint are the same code for every method and cost half of a run here
+    whole = method == "oar-g"
     train.main(["--model", "smollm2-135m", "--dataset", "arith", "--method", method, "--steps", "1",
                 "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", str(NEW_TOKENS),
                 "--temperature", "0.5", "--lr", "1e-5", "--eval-limit", "2", "--eval-batch-size", "2",
-                "--oar-chunk", "4", "--max-sampling-rounds", "1", "--run-dir", run])
+                "--oar-chunk", "4", "--max-sampling-rounds", "1", "--run-dir", run,
+                *([] if whole else ["--no-final-eval", "--no-final-save"])])
     records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     step = next(r for r in records if "accuracy" in r)
     assert 0 < step["accuracy"] < 1 and step["grad_norm"] > 0 and step["nonfinite_updates"] == 0
-    if method == "oar-g":  # the checkpoint is an ordinary HF directory (the GGUF model could not be saved)
+    assert any("eval_accuracy" in r for r in records) == whole
+    if whole:  # the checkpoint is an ordinary HF directory (the GGUF model could not be saved)
         text = "What is 59 + 63?\n59 + 63 = 122. The final answer is \\boxed{122}."
         moved = checkpoint_reopens(os.path.join(run, "checkpoint"), *smol, text)
         assert 0 < moved < 1e-3, "one step at lr 1e-5 moves the weights a little"
