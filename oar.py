@@ -97,91 +97,63 @@ def _probe_columns(probe: torch.Tensor) -> int:
     return int((probe.shape[1] - probe.float().argmax(1)).max())
 
 
-def _probe_logits(model, attn, ids=None, embeds=None, keep: int = 1, prefix=None):
-    """Logits of the last `keep` columns (the probe positions lie there): a [n, L, 151936] float32 tensor for
-    the whole sequence is never made. prefix = (kv, rows): the prompts' cache from fastpath.prompt_prefill and the
-    prompt of each row; ids / embeds then hold only the columns after the prompt, and fastpath.logits_after_prompt
-    runs them (its last layer only for the `keep` columns) where fastpath.decodes(model), the model's own forward
-    over a copy of the prompts' cache (fastpath.cache_for) elsewhere. Without: the model's own forward over all
-    columns. attn: all columns."""
-    positions = sample.position_ids(attn)  # [n, L]
-    if prefix is not None and fastpath.decodes(model):
-        embeds = model.get_input_embeddings()(ids) if embeds is None else embeds  # [n, S, H]
-        return fastpath.logits_after_prompt(model, embeds, attn, positions, *prefix, keep)  # [n, keep, V]
-    cache, P = None, 0
-    if prefix is not None:
-        cache, P = fastpath.cache_for(*prefix), attn.shape[1] - (ids if embeds is None else embeds).shape[1]
-    out = model(input_ids=ids, inputs_embeds=embeds, attention_mask=attn, position_ids=positions[:, P:],
-                past_key_values=cache, use_cache=cache is not None, logits_to_keep=keep)
-    return out.logits  # [n, keep, V]
+def model_forward(model, attn):
+    """The forward O2 and O3 score with: the model's own, over every column. forward(rows, keep, ids=None,
+    embeds=None) -> the logits of the last `keep` columns [n, keep, V] (the probe positions lie there; a [n, L,
+    151936] float32 tensor for the whole sequence is never made), for rows [n] of attn [N, L] whose ids [n, L] or
+    input embeddings [n, L, H] are given. infra/fastpath.prompt_sharing gives the same numbers with each prompt run
+    once (tests/test_oar.py)."""
+    positions = sample.position_ids(attn)  # [N, L]
 
-
-def _prompts_once(model, ids, attn, prompt_len: int, groups):
-    """(P, prefix) for _probe_logits: with groups [n] (rows sharing a prompt, which fills the first prompt_len
-    columns) each prompt runs once, without gradients, and the forwards cover only the columns after it. Nothing
-    the scores depend on flows into a prompt (the perturbations and the noise are on the reasoning after it, and
-    attention is causal), so the scores are those of the plain forward (tested). Without groups, or for a model
-    whose cache is not plain full attention (fastpath.shares_prompts): (0, None)."""
-    if groups is None or not fastpath.shares_prompts(model):
-        return 0, None
-    with torch.no_grad():
-        kv, _, rows = fastpath.prompt_prefill(model.get_decoder(), ids, attn, sample.position_ids(attn), prompt_len,
-                                              groups)
-    return prompt_len, (kv, rows)
+    def forward(rows, keep: int, ids=None, embeds=None):
+        return model(input_ids=ids, inputs_embeds=embeds, attention_mask=attn[rows], position_ids=positions[rows],
+                     logits_to_keep=keep).logits  # [n, keep, V]
+    return forward
 
 
 @torch.no_grad()
 def perturbation_scores(model, ids, attn, reason, probe, pad_id: int, mode: str = "last", chunk: int = 256,
-                        prompt_len: int = 0, groups=None):
+                        forward=None):
     """O2 (OAR-P). I_t = KL(P_final || P_final^(t)), where P_final^(t) is the probe with reasoning token t
     replaced by the pad id (same length). One forward per reasoning token, `chunk` sequences at a time (the
-    authors' listing put all R copies in one batch); eval mode, no grad. Returns I [n, L], 0 off the reasoning.
-    groups [n] (optional): rows sharing a prompt run it once (_prompts_once).
+    authors' listing put all R copies in one batch); eval mode, no grad. ids, attn, reason, probe [n, L] ->
+    I [n, L], 0 off the reasoning. forward: model_forward(model, attn) unless given (the prompt-sharing one).
 
     The reasoning before t is unchanged too, so its cache could be reused as well; on the tiny world that is a
     dozen tokens, and one forward over everything after the prompt is the readable choice.
     """
-    keep = _probe_columns(probe)
-    P, prefix = _prompts_once(model, ids, attn, prompt_len, groups)
-    kv, prompt_of = prefix or (None, None)
-    logp = outcome_probe(_probe_logits(model, attn, ids[:, P:], keep=keep, prefix=prefix), probe[:, -keep:], mode)
+    keep, forward = _probe_columns(probe), forward or model_forward(model, attn)
+    logp = outcome_probe(forward(torch.arange(len(ids)), keep, ids=ids), probe[:, -keep:], mode)  # [n, V]
     rows, cols = reason.nonzero(as_tuple=True)  # [M], [M] one perturbed copy per reasoning token
     scores = torch.zeros(reason.shape, device=ids.device)  # [n, L]
     for s in range(0, len(rows), chunk):
         r, c = rows[s:s + chunk], cols[s:s + chunk]
-        perturbed = ids[r, P:].clone()  # [m, L - P]
-        perturbed[torch.arange(len(r)), c - P] = pad_id
-        copy_prefix = None if prefix is None else (kv, prompt_of[r])
-        logits = _probe_logits(model, attn[r], perturbed, keep=keep, prefix=copy_prefix)  # [m, keep, V]
-        scores[r, c] = kl(logp[r], outcome_probe(logits, probe[r, -keep:], mode))
+        perturbed = ids[r].clone()  # [m, L]
+        perturbed[torch.arange(len(r)), c] = pad_id
+        scores[r, c] = kl(logp[r], outcome_probe(forward(r, keep, ids=perturbed), probe[r, -keep:], mode))
     return scores
 
 
-def gradient_scores(model, ids, attn, reason, probe, mode: str = "answer_mean", sigma: float = 1e-3,
-                    prompt_len: int = 0, groups=None):
+def gradient_scores(model, ids, attn, reason, probe, mode: str = "answer_mean", sigma: float = 1e-3, forward=None):
     """O3 (OAR-G). e = input embeddings; p0 = P_final(e) detached; J = KL(p0 || P_final(e + eps)) with
     eps ~ N(0, sigma^2) on the reasoning positions only (at the clean input J and its gradient are exactly 0);
     g = dJ/de by one torch.autograd.grad to the embeddings alone, so no parameter's .grad is touched (the
-    authors' listing called J.backward()); I_t = |<g_t, e_t>| (gradient times input). Returns I [n, L].
-    groups [n] (optional): rows sharing a prompt run it once (_prompts_once), and the two forwards and the
-    backward cover only what follows it. The noise is drawn token by token over the reasoning, so a seed gives
-    the same noise either way."""
-    keep = _probe_columns(probe)
-    P, prefix = _prompts_once(model, ids, attn, prompt_len, groups)
-    e = model.get_input_embeddings()(ids[:, P:]).detach()  # [n, S, H]
+    authors' listing called J.backward()); I_t = |<g_t, e_t>| (gradient times input). ids, attn, reason, probe
+    [n, L] -> I [n, L]. forward: model_forward(model, attn) unless given (the prompt-sharing one). The noise is
+    drawn token by token over the reasoning, so a seed gives the same noise whichever forward runs."""
+    keep, forward, every = _probe_columns(probe), forward or model_forward(model, attn), torch.arange(len(ids))
+    e = model.get_input_embeddings()(ids).detach()  # [n, L, H]
     with torch.no_grad():
-        logp0 = outcome_probe(_probe_logits(model, attn, embeds=e, keep=keep, prefix=prefix), probe[:, -keep:], mode)
-    m = reason[:, P:].bool()  # [n, S]
-    eps = torch.zeros_like(e)  # [n, S, H]
+        logp0 = outcome_probe(forward(every, keep, embeds=e), probe[:, -keep:], mode)  # [n, V]
+    m = reason.bool()  # [n, L]
+    eps = torch.zeros_like(e)  # [n, L, H]
     eps[m] = sigma * torch.randn((int(m.sum()), e.shape[-1]), device=e.device, dtype=e.dtype)
-    noisy = (e + eps).requires_grad_(True)  # [n, S, H]
+    noisy = (e + eps).requires_grad_(True)  # [n, L, H]
     with torch.enable_grad():
-        logq = outcome_probe(_probe_logits(model, attn, embeds=noisy, keep=keep, prefix=prefix), probe[:, -keep:], mode)
+        logq = outcome_probe(forward(every, keep, embeds=noisy), probe[:, -keep:], mode)  # [n, V]
         J = kl(logp0, logq).sum()  # rows are independent: the sum's gradient is each row's own
-        (g,) = torch.autograd.grad(J, noisy)  # [n, S, H]
-    scores = torch.zeros(reason.shape, device=e.device, dtype=g.dtype)  # [n, L]
-    scores[:, P:] = (g * e).sum(-1).abs() * m
-    return scores
+        (g,) = torch.autograd.grad(J, noisy)  # [n, L, H]
+    return (g * e).sum(-1).abs() * m  # [n, L]
 
 
 def normalise(scores: torch.Tensor, reason: torch.Tensor) -> torch.Tensor:
@@ -263,10 +235,12 @@ def token_weights(model, prompts: list, responses: list, pieces: list, answers: 
                 [answers[i] for i in part], pad_id)  # [n, L] each
             ids, attn, reason, probe_mask = ids.to(dev), attn.to(dev), reason.to(dev), probe_mask.to(dev)
             g = torch.tensor([groups[i] for i in part], device=dev)  # [n]
+            # each prompt runs once where the model allows it (speed only: the same scores, tests/test_oar.py)
+            fast = fastpath.prompt_sharing(model, ids, attn, sample.position_ids(attn), P, g)
             if scorer == "perturb":
-                scores = perturbation_scores(model, ids, attn, reason, probe_mask, pad_id, probe, chunk, P, g)  # [n, L]
+                scores = perturbation_scores(model, ids, attn, reason, probe_mask, pad_id, probe, chunk, fast)  # [n, L]
             else:
-                scores = gradient_scores(model, ids, attn, reason, probe_mask, probe, sigma, P, g)  # [n, L]
+                scores = gradient_scores(model, ids, attn, reason, probe_mask, probe, sigma, fast)  # [n, L]
             wt = reshape(normalise(scores, reason), reason, q, beta)  # [n, L]
             for j, i in enumerate(part):  # the reasoning tokens are the first R of each response
                 weights[i, :lengths[i]] = wt[j][reason[j].bool()]

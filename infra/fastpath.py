@@ -8,6 +8,7 @@ the sampler and the scorer do; this is how two of their forwards are made fast, 
     prompt_prefill       each distinct prompt of a batch run once (a GRPO group shares one); with cache_for its
                          keys and values are copied to the group's rows (sample.token_logprobs, OAR's scores):
                          equals each row's own forward, log-probs and gradients (in float64 to 1e-10)
+    prompt_sharing       OAR's forward (O2, O3) over prompt_prefill's cache: oar.model_forward's numbers
     logits_after_prompt  the forward after a shared prompt, the last layer run only for the columns read (OAR)
 
 Which model goes which way (any other model takes the plain path, the model's own forward, in sample.py / oar.py):
@@ -132,6 +133,32 @@ def cache_for(kv, rows: torch.Tensor) -> DynamicCache:
     """A cache holding, for each of the rows [n], the prompt kv[rows] (a gather: gradients flow back through
     it), for a forward over the columns after the prompt. Each forward appends to its cache: make one per use."""
     return DynamicCache(ddp_cache_data=[(k[rows], v[rows]) for k, v in kv])
+
+
+def prompt_sharing(model, ids, attention_mask, positions, prompt_len: int, groups: torch.Tensor):
+    """OAR's forward (oar.model_forward's interface) with each distinct prompt run once: forward(rows, keep,
+    ids=None, embeds=None) -> the logits of the last `keep` columns [n, keep, V] of rows [n], from their ids [n, L]
+    or input embeddings [n, L, H] over all columns, as the model's own forward over every column gives them. Only
+    the columns after the prompt run, at each call: the prompts' keys and values were computed once, here, without
+    gradients (prompt_prefill), so a gradient reaches the embeddings after the prompt only, the only ones OAR
+    perturbs or adds noise to. groups [N]: which rows share a prompt, which fills the first prompt_len columns of ids
+    [N, L]; attention_mask, positions [N, L] (sample.position_ids). None where the model's cache cannot be shared
+    (shares_prompts): the model's own forward then runs."""
+    if not shares_prompts(model):
+        return None
+    P = prompt_len
+    with torch.no_grad():
+        kv, _, prompt_of = prompt_prefill(model.get_decoder(), ids, attention_mask, positions, P, groups)
+
+    def forward(rows, keep: int, ids=None, embeds=None):
+        if decodes(model):  # the written-out layers: the last one only for the `keep` columns
+            embeds = model.get_input_embeddings()(ids[:, P:]) if embeds is None else embeds[:, P:]
+            return logits_after_prompt(model, embeds, attention_mask[rows], positions[rows], kv, prompt_of[rows], keep)
+        out = model(input_ids=None if ids is None else ids[:, P:], inputs_embeds=None if embeds is None else
+                    embeds[:, P:], attention_mask=attention_mask[rows], position_ids=positions[rows, P:],
+                    past_key_values=cache_for(kv, prompt_of[rows]), use_cache=True, logits_to_keep=keep)
+        return out.logits  # [n, keep, V]
+    return forward
 
 
 def logits_after_prompt(model, embeds, attention_mask, positions, kv, rows: torch.Tensor, keep: int):

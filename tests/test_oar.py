@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import oar
+import sample
+from infra import fastpath
 from toyworld import tiny
 
 
@@ -194,19 +196,21 @@ def test_shared_prompts_give_the_plain_scores(base):
     assert P == len(prompts[0]) > len(prompts[1]) and attn[1, :P].sum() == len(prompts[1])
     groups = torch.tensor([0, 1, 0, 0])
     plain = oar.perturbation_scores(model, ids, attn, reason, probe, tok.pad_token_id, "last", chunk=16)
+    fast = fastpath.prompt_sharing(model, ids, attn, sample.position_ids(attn), P, groups)  # each prompt once
     shared = oar.perturbation_scores(model, ids, attn, reason, probe, tok.pad_token_id, "last", chunk=16,
-                                     prompt_len=P, groups=groups)
+                                     forward=fast)
     # (float sums in another order: the smallest KLs, under 1e-6 of the largest, moved by up to 1 % here)
     assert plain.max() > 0 and torch.allclose(shared, plain, rtol=1e-2, atol=1e-5 * plain.max().item())
     torch.manual_seed(0)
     plain = oar.gradient_scores(model, ids, attn, reason, probe)
     torch.manual_seed(0)
-    shared = oar.gradient_scores(model, ids, attn, reason, probe, prompt_len=P, groups=groups)
+    shared = oar.gradient_scores(model, ids, attn, reason, probe, forward=fast)
     assert plain.max() > 0 and torch.allclose(shared, plain, rtol=1e-2, atol=1e-5 * plain.max().item())
     assert torch.equal(shared != 0, reason.bool() & (plain != 0))
     # what a GPU run with --bf16 does (CPU autocast here): the written-out forward takes mixed dtypes
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        half = oar.gradient_scores(model, ids, attn, reason, probe, prompt_len=P, groups=groups)
+        fast = fastpath.prompt_sharing(model, ids, attn, sample.position_ids(attn), P, groups)
+        half = oar.gradient_scores(model, ids, attn, reason, probe, forward=fast)
     assert half.isfinite().all() and (half[reason.bool()] > 0).all()
 
 
