@@ -155,7 +155,7 @@ def test_oar_weights_equal_the_full_forward(tok, arch):
         torch.manual_seed(0)
         plain = score()
         torch.manual_seed(0)
-        shared = score(prompt_len=P, groups=groups)
+        shared = score(forward=fastpath.prompt_sharing(model, ids, attn, sample.position_ids(attn), P, groups))
         assert plain.max() > 0 and torch.equal(plain != 0, reason.bool() & (plain != 0))
         assert_close(shared, plain, rel=rel, what=f"{name} scores")
         w_plain, w_shared = (oar.reshape(oar.normalise(s, reason), reason) for s in (plain, shared))
