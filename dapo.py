@@ -13,9 +13,24 @@ The paper's ablation ladder is a sequence of train.py flags on the same loop:
     --overlong-filter  --eps-high 0.28  --overlong-buffer L_cache  --agg token-mean  --dynamic-sampling
 and --method dapo turns on all of them but the overlong filter.
 """
+from dataclasses import dataclass
+
 import torch
 
 import sample
+
+
+@dataclass
+class Draw:
+    """The groups a step trains on and how they were drawn: one round of B groups (GRPO), or D2's rounds and
+    buffer (fill_batch). What the step's log line reports of its sampling (infra/logbook.py)."""
+    problems: list  # the groups' problems, in group order (fewer than B when D2 ran out of rounds)
+    batch: dict  # their rollouts in sample.generate's layout, with "correct"; None when no group mixed (D2)
+    generated: int  # groups sampled this step
+    mixed: int  # of those, the groups kept as mixing right and wrong answers (one plain round keeps all B)
+    rounds: int = 1  # rounds of sampling
+    carried: int = 0  # groups taken from the buffer of earlier steps
+    buffer: tuple = ([], [])  # the mixed groups left for the next step: (problems, batches)
 
 
 def signed_reward(correct: torch.Tensor) -> torch.Tensor:
@@ -31,15 +46,14 @@ def mixed_groups(correct: torch.Tensor) -> torch.Tensor:
     return (n > 0) & (n < correct.shape[1])
 
 
-def fill_batch(draw, B: int, G: int, max_rounds: int, buffer: tuple, keep_surplus: bool, pad_id: int) -> dict:
+def fill_batch(draw, B: int, G: int, max_rounds: int, buffer: tuple, keep_surplus: bool, pad_id: int) -> Draw:
     """D2 with DAPO's buffer (Algorithm 1): draw rounds of B groups until B of them mix right and wrong answers.
 
     draw() -> (problems, batch): one round of B problems and their B * G rollouts from sample.generate(), with
     batch["correct"] [B * G] bool. buffer = (problems, batches): mixed groups left over from the last step, used
     first (their log pi_old is an older policy's, which the ratio G2 accounts for; they are a step or two old).
-    Returns {"problems", "batch" (the first B mixed groups, or None if there were none), "buffer" (the groups
-    beyond B if keep_surplus, else empty: verl drops them), "generated", "rounds", "carried", "mixed"}. After
-    max_rounds the batch may hold fewer than B groups.
+    Returns the Draw: the first B mixed groups (batch None if there were none), and as its buffer the groups beyond
+    B if keep_surplus, else none (verl drops them). After max_rounds the batch may hold fewer than B groups.
     Example, B = 2: a round with groups [mixed, all right] keeps 1; the next [mixed, mixed] brings it to 3: the
     batch is the first 2, and the third waits in the buffer.
     """
@@ -50,13 +64,12 @@ def fill_batch(draw, B: int, G: int, max_rounds: int, buffer: tuple, keep_surplu
         problems += [q for q, k in zip(qs, keep) if k]
         kept.append(sample.select_rows(b, keep.repeat_interleave(G).nonzero().squeeze(1)))
         generated, rounds = generated + B, rounds + 1
-    out = {"problems": problems[:B], "batch": None, "buffer": ([], []), "generated": generated, "rounds": rounds,
-           "carried": len(buffer[0]), "mixed": len(problems) - len(buffer[0])}
+    out = Draw(problems[:B], None, generated, len(problems) - len(buffer[0]), rounds, len(buffer[0]))
     if problems:
         pooled = sample.concat_batches(kept, pad_id)  # rounds differ in width: padded to the widest
-        out["batch"] = sample.select_rows(pooled, torch.arange(len(out["problems"]) * G))
+        out.batch = sample.select_rows(pooled, torch.arange(len(out.problems) * G))
         if keep_surplus and len(problems) > B:
-            out["buffer"] = (problems[B:], [sample.select_rows(pooled, torch.arange(B * G, len(problems) * G))])
+            out.buffer = (problems[B:], [sample.select_rows(pooled, torch.arange(B * G, len(problems) * G))])
     return out
 
 

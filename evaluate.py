@@ -24,10 +24,10 @@ from math import comb
 import torch
 from tqdm import tqdm
 
-import config
 import data
 import reward
 import sample
+from config import shared
 from infra import checkpoint, models
 
 # the papers' seven benchmarks, in the order they report them
@@ -202,15 +202,16 @@ def free_path(path: str) -> str:
 
 
 def check_args(p, args) -> list:
-    """Every flag checked before the model loads, each in one argparse line: the shared ones (config.py), the
+    """Every flag checked before the model loads, each in one argparse line: the shared ones (config/shared.py), the
     counts, a sampling temperature when --k > 1, the benchmarks (an unknown name, a file that is not there), and
     a place the results can be written (an evaluation that ran an hour must not fail at its last line). Returns
     the benchmark names."""
-    config.check_shared(p, args)
-    config.check_seed(p, args.seed)
-    config.at_least(p, args, {"limit": 1, "batch_size": 1, "max_new_tokens": 1, "k": 1})
-    if args.k > 1 and not args.temperature >= config.MIN_TEMPERATURE:
-        p.error(f"--temperature {args.temperature}: must be at least {config.MIN_TEMPERATURE} with --k {args.k} "
+    with shared.as_errors_of(p):
+        shared.check_shared(args)
+        shared.check_seed(args.seed)
+        shared.at_least(args, {"limit": 1, "batch_size": 1, "max_new_tokens": 1, "k": 1})
+    if args.k > 1 and not args.temperature >= shared.MIN_TEMPERATURE:
+        p.error(f"--temperature {args.temperature}: must be at least {shared.MIN_TEMPERATURE} with --k {args.k} "
                 f"(the k samples; greedy pass@1 is always reported)")
     names = [b.strip() for b in args.benchmarks.split(",") if b.strip()]
     if not names:
@@ -236,7 +237,7 @@ def check_args(p, args) -> list:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="greedy pass@1, avg@k and pass@k on the math benchmarks")
-    config.add_shared_flags(p)  # --model, --data-dir, --device, --bf16, --threads: as train.py's
+    shared.add_shared_flags(p)  # --model, --data-dir, --device, --bf16, --threads: as train.py's
     p.add_argument("--benchmarks", default=",".join(BENCHMARKS),
                    help=f"comma-separated: {', '.join(data.DATASETS)} (tiny, chain and arith: their held-out sets), "
                         f"or .jsonl files")
@@ -250,7 +251,7 @@ def main(argv=None):
     p.add_argument("--batch-size", type=int, default=64, help="responses generated together")
     # sampled answers, besides the greedy one
     p.add_argument("--k", type=int, default=1, help="samples per problem for avg@k and pass@k (1: greedy only)")
-    p.add_argument("--temperature", type=config.number, default=0.6, help="for the k samples (greedy pass@1 uses 0)")
+    p.add_argument("--temperature", type=shared.number, default=0.6, help="for the k samples (greedy pass@1 uses 0)")
     p.add_argument("--seed", type=int, default=0, help="of the k samples")
     args = p.parse_args(argv)
     names = check_args(p, args)
@@ -261,7 +262,7 @@ def main(argv=None):
     loaded = {name: encodable(name, load_benchmark(name, args), tokenizer) for name in names}
     model, tokenizer, _ = models.load_model(args.model)
     models.check_finite(model, args.model)
-    # --bf16: nothing trains here, so the weights themselves are held in bf16 (config.add_shared_flags)
+    # --bf16: nothing trains here, so the weights themselves are held in bf16 (config/shared.py)
     model.to(args.device, dtype=torch.bfloat16 if args.bf16 else None).eval()
     if args.max_new_tokens is None:  # the tiny world's context (256) has no room for 3000
         args.max_new_tokens = 48 if (getattr(model.config, "max_position_embeddings", 0) or 10**9) <= 256 else 3000

@@ -10,8 +10,8 @@ table.
     --method entropy     = grpo + entropy    (E1: only the top 20 % of the batch's tokens by entropy learn)
     and any other BASE+RULE, e.g. dapo+oar-g.
 
-A base is a set of flag defaults (any flag given on the command line wins). A token rule is one function with
-one signature, as verl registers its advantage estimators by name:
+A base is a set of flag defaults (any flag given on the command line wins) and D4's length share. A token rule is
+one function with one signature, as verl registers its advantage estimators by name:
 
     rule(batch, rewards, mask, ctx) -> TokenAdvantages(tokens [N, T], seq [N], values [N, T] or None)
 
@@ -28,6 +28,7 @@ without one every token is blamed alike, as in GRPO), and what TRL needs to know
 No other module tests a method's or a rule's name.
 """
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -39,14 +40,20 @@ import oar
 import sample
 from infra import models
 
-# What each base sets, where its flag was not given (dapo.py D1-D4; GRPO's values are the papers' and verl's)
+@dataclass(frozen=True)
+class Base:
+    """What a base sets where its flag was not given (dapo.py D1-D4; GRPO's values are the papers' and verl's)."""
+    flags: dict
+    overlong_share: Fraction = Fraction(0)  # D4's L_cache as a share of --max-new-tokens (0: no overlong penalty)
+
+
 BASES = {
-    "grpo": {"eps_high": None, "agg": "seq-mean-token-mean", "dynamic_sampling": False, "keep_surplus": False,
-             "overlong_buffer": 0, "signed_reward": False},
+    "grpo": Base({"eps_high": None, "agg": "seq-mean-token-mean", "dynamic_sampling": False, "keep_surplus": False,
+                  "signed_reward": False}),
     # dapo: clip-higher 0.28 (D1), dynamic sampling with DAPO's buffer (D2), token-mean loss (D3), the soft overlong
     # penalty over the last sixth of the length limit (D4, as KTAE's 512 of 3072), rewards +-1, no KL
-    "dapo": {"eps_high": 0.28, "agg": "token-mean", "dynamic_sampling": True, "keep_surplus": True,
-             "overlong_buffer": "1/6", "signed_reward": True},
+    "dapo": Base({"eps_high": 0.28, "agg": "token-mean", "dynamic_sampling": True, "keep_surplus": True,
+                  "signed_reward": True}, overlong_share=Fraction(1, 6)),
 }
 
 
@@ -111,7 +118,7 @@ def high_entropy(batch, rewards, mask, ctx) -> TokenAdvantages:
     return TokenAdvantages(tokens, seq, batch["entropy"] * mask)  # [N, T]
 
 
-def _alike(adv: TokenAdvantages, batch) -> torch.Tensor:
+def _alike(adv: TokenAdvantages, batch, mask, args) -> torch.Tensor:
     return torch.zeros_like(adv.tokens)  # [N, T] every token blamed alike (GRPO)
 
 
@@ -130,8 +137,9 @@ class Rule:
     # --dataset, model: --model's name
     defaults: Callable = lambda dataset, model: {}
     check: Callable = None  # (args) -> an error message for settings that make the rule meaningless, or None
-    heatmap: Callable = None  # (batch, mask, args) -> HeatMap of its TokenAdvantages.values, or None: no heat map
-    blame: Callable = _alike  # (TokenAdvantages, batch) -> [N, T], higher = more to blame for a wrong answer
+    # The two per-token views of what the rule returned, one signature (adv: its TokenAdvantages, batch, mask, args):
+    heatmap: Callable = None  # -> HeatMap: how the heat maps colour adv.values (None: the rule draws none)
+    blame: Callable = _alike  # -> [N, T], higher = more to blame for a wrong answer (toyworld/credit.py scores it)
     # What a rule reads beyond ids, masks and rewards; trl_grpo.py, whose sampler keeps neither, acts on it:
     reads_scores: bool = True  # batch["logprobs"] / batch["entropy"] of the sampled tokens (TRL: an extra forward)
     # How the rule runs the policy itself, each rollout alone (OAR): "forward" (OAR-P) or "backward" (OAR-G, to the
@@ -157,18 +165,20 @@ def _oar_defaults(probe: str):
 RULES = {
     "none": Rule(none, reads_scores=False),
     "ktae": Rule(key_tokens, check=_ktae_check, reads_scores=False,
-                 heatmap=lambda batch, mask, args: HeatMap("ktae", "key-token values", 0.0, 1.0),
-                 blame=lambda adv, batch: -adv.values),
+                 heatmap=lambda adv, batch, mask, args: HeatMap("ktae", "key-token values", 0.0, 1.0),
+                 blame=lambda adv, batch, mask, args: -adv.values),
     "oar-p": Rule(outcome_grounded("perturb"), defaults=_oar_defaults("last"), reads_scores=False, scoring="forward",
-                  heatmap=lambda batch, mask, args: HeatMap("oar", "OAR weights", 1.0, args.oar_beta),
-                  blame=lambda adv, batch: adv.values),
+                  heatmap=lambda adv, batch, mask, args: HeatMap("oar", "OAR weights", 1.0, args.oar_beta),
+                  blame=lambda adv, batch, mask, args: adv.values),
     "oar-g": Rule(outcome_grounded("gradient"), defaults=_oar_defaults("answer_mean"), reads_scores=False,
-                  scoring="backward", heatmap=lambda batch, mask, args: HeatMap("oar", "OAR weights", 1.0,
-                                                                                args.oar_beta),
-                  blame=lambda adv, batch: adv.values),
-    "entropy": Rule(high_entropy, blame=lambda adv, batch: adv.values,
-                    heatmap=lambda batch, mask, args: HeatMap("entropy", "sampling entropy", entropy.entropy_threshold(
-                        batch["entropy"], mask, args.top_entropy_quantile), 1.0)),
+                  scoring="backward",
+                  heatmap=lambda adv, batch, mask, args: HeatMap("oar", "OAR weights", 1.0, args.oar_beta),
+                  blame=lambda adv, batch, mask, args: adv.values),
+    "entropy": Rule(high_entropy, blame=lambda adv, batch, mask, args: adv.values,
+                    heatmap=lambda adv, batch, mask, args: HeatMap("entropy", "sampling entropy",
+                                                                   entropy.entropy_threshold(
+                                                                       batch["entropy"], mask,
+                                                                       args.top_entropy_quantile), 1.0)),
 }
 
 

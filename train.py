@@ -6,13 +6,13 @@ save.
 
 The equations are in grpo.py (G1-G5), dapo.py (D1-D4), ktae.py (K1-K7), oar.py (O1-O7) and entropy.py (E1),
 stated in EQUATIONS.md. --method is a base and a token rule from the tables of methods.py, --dataset a record of
-data.py; the flags and their checks are in config.py. Every step appends one JSON line to RUN_DIR/metrics.jsonl
-(infra/logbook.py); RUN_DIR/checkpoint (infra/checkpoint.py) holds all that --resume needs to continue.
+data.py; the flags and their checks are in config/training.py. Bookkeeping lives in infra/: what a step logs
+(logbook.py), the checkpoints that --resume continues from (checkpoint.py), the update that never lets a NaN into
+the weights (guard.py), the peak memory of each phase (memory.py), loading the models (models.py).
 
 Where the loop departs from the papers (one update per batch, rollouts with no advantage left out of the forward,
 D2's buffer, the skipped non-finite step, ...) is listed once, in EQUATIONS.md#departures-from-the-papers.
 """
-import math
 import os
 import random
 import sys
@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-import config
 import dapo
 import data
 import evaluate
@@ -32,11 +31,12 @@ import methods
 import oar
 import reward
 import sample
-from infra import checkpoint, logbook, lora, memory, models
+from config import training
+from infra import checkpoint, guard, logbook, memory, models
 
 
 def main(argv=None):
-    args = config.parse_args(argv)
+    args = training.parse_args(argv)
     if args.dry_run:  # the plan needs the model's config alone: no data, no weights
         return memory.dry_run(models.load_config(args.model), args, memory.available_bytes(args.device, args.memory),
                               data.dataset(args.dataset).prompt_tokens, methods.RULES[args.rule].scoring)
@@ -55,45 +55,27 @@ def main(argv=None):
     except Exception as e:  # an allocation that failed: one line naming the phase, and logged; nothing is lost
         if not memory.out_of_memory(e):
             raise
-        phase = memory.Peaks.PHASES[run.peaks.current]
-        run.log({"step": run.step + 1, "out_of_memory": phase, **run.peaks.record()})
-        sys.exit(f"out of memory during the {phase} of step {run.step + 1} ({memory.what_failed(e)}); "
-                 f"`--dry-run` plans each phase and names the flags that bring it down; the last checkpoint is kept")
+        memory.stop(e, run.peaks, run.step + 1, run.log)
     return finish(run)
 
 
 def loop(run):
     """The RL loop, from the step the run is at to --steps (or --max-minutes)."""
-    args = run.args
-    B, G, rule = args.prompts_per_step, args.group_size, methods.RULES[args.rule]
+    args, rule = run.args, methods.RULES[run.args.rule]
     bar = tqdm(range(run.step, args.steps), initial=run.step, total=args.steps, desc=args.method)
     for step in bar:
         t_step = time.time()
         run.peaks.start()  # each phase's peak memory, logged: what --dry-run's plan is checked against
         # ---- 1. sample B prompts x G rollouts, with log pi_old of every sampled token --------------------------
         checker = reward.new_stats()  # the grader's counts (answers without a box, timeouts), logged below
-        draw = lambda: sample_round(run, checker)  # noqa: E731  B fresh problems, G rollouts each, graded
-        if args.dynamic_sampling:  # D2: rounds until B groups mix right and wrong answers
-            got = dapo.fill_batch(draw, B, G, args.max_sampling_rounds, run.buffer, args.keep_surplus,
-                                  run.tokenizer.pad_token_id)
-        else:
-            qs, batch = draw()
-            got = {"problems": qs, "batch": batch, "buffer": ([], []), "generated": B, "rounds": 1, "carried": 0,
-                   "mixed": B}
-        if len(got["problems"]) < B and args.short_batch == "stop":
-            sys.exit(f"D2 dynamic sampling: only {len(got['problems'])} of {B} groups mixed right and wrong answers "
-                     f"after {got['rounds']} rounds (--max-sampling-rounds); --short-batch train continues with what "
-                     f"was kept")
-        run.buffer = got["buffer"]
-        if got["batch"] is None:  # D2 found nothing to learn from: no update, but the step's duties still run
-            tqdm.write(f"step {step + 1}: no group mixed right and wrong answers in {got['rounds']} rounds; no update")
-            run.log({"step": step + 1, "no_update": "no group mixed right and wrong answers",
-                     "groups_generated": got["generated"], "sampling_rounds": got["rounds"],
-                     "time_step": time.time() - t_step})
+        draw = draw_batch(run, checker)
+        run.buffer = draw.buffer
+        if draw.batch is None:  # D2 found nothing to learn from: no update, but the step's duties still run
+            run.log(logbook.no_update(step + 1, draw, time.time() - t_step))
             if finish_step(run, step + 1):
                 break
             continue
-        qs, batch = got["problems"], got["batch"]
+        qs, batch = draw.problems, draw.batch
         t_sample = time.time() - t_step
         run.peaks.seen["prompt_len"] = batch["prompt_len"]  # an out-of-memory record then says what ran
         run.peaks.end("sampling")
@@ -117,12 +99,12 @@ def loop(run):
         # ---- 6. log (infra/logbook.py) -------------------------------------------------------------------------
         times = {"time_sample": t_sample, "time_train": t_train, "time_step": time.time() - t_step,
                  "time_advantage": t_advantage}
-        record = logbook.step_record(step + 1, batch, rewards, mask, adv, checker, got, stats, times,
+        record = logbook.step_record(step + 1, batch, rewards, mask, adv, checker, draw, stats, times,
                                      lr=run.scheduler.get_last_lr()[0], peaks=run.peaks.record(),
                                      concentration=oar.advantage_concentration(adv.tokens, mask, adv.seq))  # O7
         world = run.problems.dataset.world
         if world is not None:  # a synthetic task: we know where each wrong rollout first went wrong
-            record.update(logbook.attribution(world, rule, run.tokenizer, run.pieces, qs, batch, mask, adv))
+            record.update(logbook.attribution(world, rule, run.tokenizer, run.pieces, qs, batch, mask, adv, args))
         run.watch.check(record)  # a run that has stopped learning says so, once
         run.log(record)
         bar.set_postfix(reward=f"{record['reward_mean']:.2f}", len=f"{record['response_len']:.1f}")
@@ -132,7 +114,7 @@ def loop(run):
         if rule.heatmap:
             heatmap = lambda done: logbook.write_heatmap(  # noqa: E731
                 os.path.join(args.run_dir, "heatmaps", f"step{done}.html"), args.method, done,
-                rule.heatmap(batch, mask, args), run.tokenizer, qs, batch, mask, rewards, adv)
+                rule.heatmap(adv, batch, mask, args), run.tokenizer, qs, batch, mask, rewards, adv)
         if finish_step(run, step + 1, heatmap):
             break
 
@@ -148,6 +130,7 @@ class Run:
     scheduler: object
     problem_rng: random.Random  # draws the training problems
     problems: data.Problems  # where training problems come from, and the held-out ones
+    peaks: memory.Peaks  # the peak memory of each phase of the step
     adapters: object = None  # --lora-rank: the peft model whose adapters `model` holds (infra/lora.py)
     step: int = 0  # steps done
     buffer: tuple = ([], [])  # D2's mixed groups left over for the next step: (problems, batches)
@@ -156,7 +139,6 @@ class Run:
     first_accuracy: float = None
     watch: logbook.Watch = field(default_factory=logbook.Watch)  # the degenerate-run warnings given so far
     lock: object = None
-    peaks: memory.Peaks = None  # the peak memory of each phase of the step
     t_start: float = 0.0
 
     def log(self, record: dict):
@@ -169,69 +151,52 @@ def start(args, ckpt) -> Run:
     rss_at_start = memory.rss_bytes()
     if args.threads:
         torch.set_num_threads(args.threads)
-    problem_rng = random.Random(args.seed)
     world = data.dataset(args.dataset).world  # --model tiny: this task's warm-started model
     # the data are read with the tokenizer alone: a bad file fails before the model's minutes of loading
     tokenizer = models.load_tokenizer(args.model)
-    # a prompt may take what the context leaves beside the response budget, and half of it at least (as evaluate.py)
-    context = getattr(models.load_config(args.model), "max_position_embeddings", None)
     problems = data.run_problems(args.dataset, args.eval_dataset, tokenizer, data_dir=args.data_dir,
                                  eval_limit=args.eval_limit, pool_size=args.problem_pool, seed=args.seed,
-                                 room=max(context - args.max_new_tokens, context // 2) if context else None)
+                                 room=models.prompt_room(args.model, args.max_new_tokens))
     if args.oar_cue:  # OAR's cue, like the prompts, must survive the tokenizer
         data.check_encodable(tokenizer, args.oar_cue, "--oar-cue")
     state = checkpoint.load_state(ckpt) if ckpt else None
-    # a LoRA run resumes from the base (--model) and its adapters in state.pt; a full-parameter one from the checkpoint
-    resume_model = ckpt and not args.lora_rank
-    model, tokenizer, _ = models.load_model(ckpt if resume_model else args.model,
-                                            "--resume" if resume_model else "--model", world=world)
-    ref_model = None
-    if args.beta > 0 and not args.lora_rank:  # (under LoRA the reference is the frozen base itself)
-        ref_model, _, _ = models.load_model(args.model, world=world)
-        ref_model.eval().requires_grad_(False)
-        ref_model.to("cpu" if args.ref_on_cpu else args.device, dtype=torch.bfloat16 if args.bf16 else None)
-    # Seeded once the models are loaded: a first run builds or converts its model (the tiny world's warm start, a
-    # GGUF file), which draws from torch's RNG, where a later run reads it from .cache and draws nothing; seeded
-    # before, the first run of a seed would differ from every later one. LoRA's adapters are drawn after.
-    torch.manual_seed(args.seed)
-    adapters = None
-    if args.lora_rank:  # adapters on the projections, every other weight frozen (infra/lora.py)
-        adapters = lora.wrap(model, args.lora_rank, args.lora_alpha, args.lora_targets.split(","), bf16_base=args.bf16)
-        if state:
-            model.load_state_dict(state["adapter"], strict=False)
-    models.check_finite(model, ckpt or args.model, "--resume" if ckpt else "--model")
-    model.to(args.device)
-    if args.grad_checkpointing:
-        model.activation_checkpointing_enable()
-    optimizer = torch.optim.AdamW(lora.trainable(model).values(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    model, tokenizer, ref_model, adapters = models.load_policy(args, ckpt, state and state.get("adapter"), world)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, betas=(0.9, 0.99),
+                                  weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(args.warmup_steps, 1)))
-    run = Run(args, model, tokenizer, ref_model, optimizer, scheduler, problem_rng, problems, adapters=adapters,
-              peaks=memory.Peaks(args.device, rss_at_start))
+    run = Run(args, model, tokenizer, ref_model, optimizer, scheduler, random.Random(args.seed), problems,
+              memory.Peaks(args.device, rss_at_start), adapters)
     if ckpt:
-        optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["torch_rng"])
-        problem_rng.setstate(state["problem_rng"])
-        scheduler.load_state_dict(state["scheduler"])
-        run.step = state["step"]
-        run.buffer = (state.get("surplus_qs", []), [{k: v.to(args.device) if torch.is_tensor(v) else v
-                                                     for k, v in b.items()} for b in state.get("surplus", [])])
+        run.step, run.buffer = checkpoint.restore_run(state, optimizer, scheduler, run.problem_rng, args.device)
     # the run directory is ours from here on (locked); on resume the metrics logged after the checkpoint go
     run.lock = checkpoint.claim(args.run_dir, args, args.resume, args.overwrite, ckpt)
     run.metrics_path = os.path.join(args.run_dir, "metrics.jsonl")
     if ckpt:
-        kept = checkpoint.read_metrics(run.metrics_path, up_to_step=run.step)
-        checkpoint.rewrite_metrics(run.metrics_path, kept)
+        kept = checkpoint.resume_metrics(run.metrics_path, run.step)
         print(f"resumed from {ckpt} at step {run.step}")
         run.watch = logbook.Watch([r for r in kept if "accuracy" in r])
-        # None if the step-0 evaluation's line is gone
-        run.first_accuracy = next((r["eval_accuracy"] for r in kept if r.get("step") == 0 and "eval_accuracy" in r),
-                                  None)
+        run.first_accuracy = logbook.first_accuracy(kept)  # None if the step-0 evaluation's line is gone
     elif args.final_eval:
         run.first_accuracy = run_eval(run, 0)
     if args.final_eval:
         print(f"greedy held-out accuracy before: {_fmt(run.first_accuracy)} ({len(problems.eval_golds)} problems)")
     run.t_start = time.time()
     return run
+
+
+def draw_batch(run: Run, checker: dict) -> dapo.Draw:
+    """1. The step's groups: one round of B problems x G rollouts, or with D2 (--dynamic-sampling) rounds until B
+    groups mix right and wrong answers, starting from the buffer of earlier steps (dapo.fill_batch)."""
+    args, B = run.args, run.args.prompts_per_step
+    if not args.dynamic_sampling:
+        qs, batch = sample_round(run, checker)
+        return dapo.Draw(qs, batch, generated=B, mixed=B)
+    draw = dapo.fill_batch(lambda: sample_round(run, checker), B, args.group_size, args.max_sampling_rounds,
+                           run.buffer, args.keep_surplus, run.tokenizer.pad_token_id)
+    if len(draw.problems) < B and args.short_batch == "stop":
+        sys.exit(f"D2 dynamic sampling: only {len(draw.problems)} of {B} groups mixed right and wrong answers after "
+                 f"{draw.rounds} rounds (--max-sampling-rounds); --short-batch train continues with what was kept")
+    return draw
 
 
 def sample_round(run: Run, checker: dict):
@@ -328,13 +293,8 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, 
             for k, v in st.items():
                 stats[k] = stats.get(k, 0.0) + v / args.mu
         peaks.end("training")
-        stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip).item()
-        # a NaN or infinity must never reach the weights or AdamW's moments: such an update is skipped, counted
-        why = None
-        if not (math.isfinite(stats["grad_norm"]) and torch.isfinite(loss_sum)):
-            why = "the loss or the gradient is not finite; this update is skipped"
-        elif not step_if_finite(optimizer):
-            why = "the update left a weight or an AdamW moment that is not finite; it is undone"
+        # a NaN or infinity never reaches the weights or AdamW's moments: such an update is skipped, and counted
+        stats["grad_norm"], why = guard.step(model, optimizer, args.grad_clip, loss_sum)
         if why:
             stats["nonfinite_updates"] += 1
             tqdm.write(f"step {step + 1}: {why}")
@@ -343,44 +303,8 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, 
     return stats
 
 
-def step_if_finite(optimizer) -> bool:
-    """optimizer.step(), undone bit for bit when it leaves a weight or an AdamW moment that is not finite: whether
-    the update was kept. A finite gradient can still overflow: its square in the second moment (above 1.8e19 in
-    float32), or a learning rate so large that the step passes float32's range (torch then raises, having already
-    updated the moments). What such a step changes is copied to the CPU first, so GPU memory does not double."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    # The usual case needs no copy: AdamW moves a weight by at most about lr (Kingma & Ba's bound, with betas
-    # (0.9, 0.99)), and its moments stay below the largest gradient (squared). Only a gradient or a step size near
-    # float32's range can overflow, and only then is the state copied (12 bytes a trained parameter).
-    grads = [p.grad.abs().max() for p in params if p.grad is not None]
-    largest = torch.stack(grads).max().item() if grads else 0.0
-    if largest < 1e18 and all(group["lr"] <= 1 for group in optimizer.param_groups):
-        optimizer.step()
-        return True
-    copy = lambda t: t.detach().to("cpu", copy=True) if torch.is_tensor(t) else t  # noqa: E731
-    saved = {p: (copy(p), {k: copy(v) for k, v in optimizer.state[p].items()} if p in optimizer.state else None)
-             for p in params}
-    try:
-        optimizer.step()
-        changed = params + [v for p in params if p in optimizer.state for v in optimizer.state[p].values()
-                            if torch.is_tensor(v)]
-        if all(torch.isfinite(t).all() for t in changed):
-            return True
-    except RuntimeError as e:  # "value cannot be converted to type float without overflow"
-        if "overflow" not in str(e):
-            raise
-    with torch.no_grad():
-        for p, (weights, state) in saved.items():
-            p.copy_(weights)
-            if state is None:  # the first step made this state: there was none before it
-                optimizer.state.pop(p, None)
-            for k, v in (state or {}).items():  # copied into place: each tensor stays on its device
-                optimizer.state[p][k] = optimizer.state[p][k].copy_(v) if torch.is_tensor(v) else v
-    return False
-
-
 def run_eval(run: Run, step: int) -> float:
-    """Greedy accuracy on the held-out problems, logged."""
+    """7. Greedy accuracy on the held-out problems, logged."""
     with sample.autocast(run.args.device, run.args.bf16):
         r = evaluate.score(run.model, run.tokenizer, run.problems.eval_prompts, run.problems.eval_golds,
                            max_new_tokens=run.args.max_new_tokens, batch_size=run.args.eval_batch_size)
@@ -399,15 +323,8 @@ def finish_step(run: Run, done: int, heatmap=None) -> bool:
         if heatmap is not None:
             heatmap(done)
     if (args.save_every and done % args.save_every == 0) or (last_step and args.final_save):
-        # the HF model directory and state.pt: optimizer, scheduler, RNG states, D2's buffer (and LoRA's adapters)
-        state = {"step": done, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-                 "torch_rng": torch.get_rng_state(), "problem_rng": run.problem_rng.getstate(), "args": vars(args),
-                 "surplus_qs": run.buffer[0], "surplus": run.buffer[1]}
-        write = None
-        if run.adapters:  # the adapters merged into an ordinary model, and beside it (infra/lora.py)
-            state["adapter"] = {n: p.detach().cpu().clone() for n, p in lora.trainable(run.model).items()}
-            write = lambda path: lora.save(path, run.adapters, run.tokenizer)  # noqa: E731
-        checkpoint.save(args.run_dir, run.model, run.tokenizer, state, write=write)
+        checkpoint.save_run(args.run_dir, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
+                            run.problem_rng, args, run.buffer, run.adapters)
     if out_of_time:
         tqdm.write(f"--max-minutes {args.max_minutes} reached after {done} steps")
     return out_of_time

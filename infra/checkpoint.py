@@ -26,6 +26,8 @@ import tempfile
 
 import torch
 
+from infra import lora
+
 CHECKPOINT, PREVIOUS, TMP = "checkpoint", "checkpoint.prev", "checkpoint.tmp"
 MANIFEST = "manifest.json"
 # Settings whose change would make a resumed run a different experiment. Others (--steps, --eval-every,
@@ -219,6 +221,14 @@ def rewrite_metrics(path: str, records: list):
     os.replace(tmp, path)
 
 
+def resume_metrics(path: str, step: int) -> list:
+    """A resumed run's metrics.jsonl cut back to the checkpoint's step (what was logged after it is done again);
+    returns the records kept."""
+    kept = read_metrics(path, up_to_step=step)
+    rewrite_metrics(path, kept)
+    return kept
+
+
 # ---- checkpoints ----------------------------------------------------------------------------------------------
 
 def _sha256(path: str) -> str:
@@ -255,6 +265,32 @@ def save(run_dir: str, model, tokenizer, state: dict, write=None):
     except OSError as e:
         fail(f"{final}: the checkpoint of step {state['step']} is complete in {tmp} but could not be moved in "
              f"({e.strerror or e}); --resume takes it from there")
+
+
+def save_run(run_dir: str, step: int, model, tokenizer, optimizer, scheduler, problem_rng, args, buffer: tuple,
+             adapters=None):
+    """A train.py run's checkpoint at `step` (save): the model (under LoRA, adapters: the peft model, infra/lora.py)
+    and state.pt, which holds all that --resume needs to continue bit for bit: the optimizer and scheduler, the torch
+    and problem RNG states, D2's buffer of mixed groups (problems, batches) and the settings."""
+    state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             "torch_rng": torch.get_rng_state(), "problem_rng": problem_rng.getstate(), "args": vars(args),
+             "surplus_qs": buffer[0], "surplus": buffer[1]}
+    write = None
+    if adapters:  # the adapters merged into an ordinary model, and beside it (infra/lora.py)
+        state["adapter"] = {n: p.detach().cpu().clone() for n, p in lora.trainable(model).items()}
+        write = lambda path: lora.save(path, adapters, tokenizer)  # noqa: E731
+    save(run_dir, model, tokenizer, state, write=write)
+
+
+def restore_run(state: dict, optimizer, scheduler, problem_rng, device: str) -> tuple:
+    """What save_run saved, put back into a run's optimizer, scheduler and RNGs; returns (the step, D2's buffer with
+    its tensors on `device`)."""
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    problem_rng.setstate(state["problem_rng"])
+    scheduler.load_state_dict(state["scheduler"])
+    batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in state.get("surplus", [])]
+    return state["step"], (state.get("surplus_qs", []), batches)
 
 
 def _write(path: str, model, tokenizer, state: dict, write=None):

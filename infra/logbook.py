@@ -12,11 +12,11 @@ from infra import plots
 from toyworld import credit
 
 
-def step_record(step: int, batch: dict, rewards, mask, adv, checker: dict, got: dict, stats: dict, times: dict,
+def step_record(step: int, batch: dict, rewards, mask, adv, checker: dict, draw, stats: dict, times: dict,
                 lr: float, peaks: dict, concentration: dict) -> dict:
     """The step's line of metrics.jsonl. batch: the step's rollouts (sample.generate's layout, with "correct");
     rewards [B, G]; mask [N, T] the scored tokens; adv the rule's TokenAdvantages; checker the grader's counts
-    (reward.new_stats); got what dapo.fill_batch (or one plain round) returned; stats the loss's (train.update);
+    (reward.new_stats); draw how the batch was drawn (dapo.Draw); stats the loss's (train.update);
     times the step's stages in seconds; peaks the peak memory (memory.Peaks.record: the run's, each phase's);
     concentration O7's ESS-ratio and top-10 % mass (oar.py)."""
     correct = batch["correct"]  # [N]
@@ -33,11 +33,11 @@ def step_record(step: int, batch: dict, rewards, mask, adv, checker: dict, got: 
         "checker_failures": checker["timeouts"] + checker["errors"] + checker["gold_unparseable"],
         # share of sampled responses with a "}" after the last box's closing brace that nothing opened (graded wrong)
         "malformed": checker["malformed"] / max(checker["graded"], 1),
-        "groups_generated": got["generated"],
-        "groups_kept": len(got["problems"]),
-        "groups_carried_in": got["carried"],  # D2 buffer of earlier steps used here
-        "groups_mixed": got["mixed"],  # groups sampled this step that mixed right and wrong
-        "sampling_rounds": got["rounds"],
+        "groups_generated": draw.generated,
+        "groups_kept": len(draw.problems),
+        "groups_carried_in": draw.carried,  # D2 buffer of earlier steps used here
+        "groups_mixed": draw.mixed,  # groups sampled this step kept as mixing right and wrong (GRPO: all B)
+        "sampling_rounds": draw.rounds,
         "grad_norm": stats["grad_norm"],
         "nonfinite_updates": stats["nonfinite_updates"],  # updates skipped because the loss or gradient was not finite
         "lr": lr,
@@ -53,7 +53,20 @@ def step_record(step: int, batch: dict, rewards, mask, adv, checker: dict, got: 
     return record
 
 
-def attribution(world, rule, tokenizer, pieces: dict, problems: list, batch: dict, mask, adv) -> dict:
+def no_update(step: int, draw, seconds: float) -> dict:
+    """The line of a step where D2 found no group that mixed right and wrong answers (draw: its dapo.Draw): no
+    update, said on the terminal and logged."""
+    tqdm.write(f"step {step}: no group mixed right and wrong answers in {draw.rounds} rounds; no update")
+    return {"step": step, "no_update": "no group mixed right and wrong answers", "groups_generated": draw.generated,
+            "sampling_rounds": draw.rounds, "time_step": seconds}
+
+
+def first_accuracy(records: list):
+    """The step-0 evaluation's accuracy among a run's metrics records, None if its line is gone."""
+    return next((r["eval_accuracy"] for r in records if r.get("step") == 0 and "eval_accuracy" in r), None)
+
+
+def attribution(world, rule, tokenizer, pieces: dict, problems: list, batch: dict, mask, adv, args) -> dict:
     """credit.py's rank, hit@1, hit@3 and AUC of the first error under the rule's blame (methods.Rule.blame), means
     over the step's wrong rollouts that had a non-zero advantage (a group that mixed right and wrong: elsewhere no
     rule assigns credit) and a first error among their scored tokens; credit_n counts them. world: the tiny-world
@@ -64,7 +77,7 @@ def attribution(world, rule, tokenizer, pieces: dict, problems: list, batch: dic
     texts = [[pieces[t] for t in row] for row in resp.tolist()]
     questions = [p["question"] for p in problems for _ in range(G)]
     wrong = ~batch["correct"] & (adv.seq != 0)  # [N]
-    blame = rule.blame(adv, batch)  # [N, T]
+    blame = rule.blame(adv, batch, mask, args)  # [N, T]
     return credit.batch_attribution(world, questions, texts, wrong.cpu(), blame.detach().cpu(), mask.cpu())
 
 

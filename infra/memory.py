@@ -98,6 +98,15 @@ def out_of_memory(error: BaseException) -> bool:
         isinstance(error, RuntimeError) and "can't allocate memory" in str(error))
 
 
+def stop(error: BaseException, peaks: Peaks, step: int, log):
+    """A run out of memory: logged (log, a metrics line: the phase and each phase's peak so far) and ended in one
+    line naming the phase and what to do; nothing is lost, the last checkpoint stays."""
+    phase = Peaks.PHASES[peaks.current]
+    log({"step": step, "out_of_memory": phase, **peaks.record()})
+    sys.exit(f"out of memory during the {phase} of step {step} ({what_failed(error)}); `--dry-run` plans each phase "
+             f"and names the flags that bring it down; the last checkpoint is kept")
+
+
 def what_failed(error: BaseException) -> str:
     """The part of an allocation error a person needs, in one short line: the CPU allocator's starts with its
     source location ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: ...") and puts the size

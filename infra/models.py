@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from infra import lora
 from toyworld import tiny
 
 CACHE_DIR = tiny.CACHE_DIR  # the repository's .cache/: built and converted models
@@ -428,6 +429,43 @@ def load_model(name: str, flag: str = "--model", world=None):
         sys.exit(f"{flag} {name}: could not be loaded ({type(e).__name__}: {_first_line(e)})")
     own_memory(model)
     return model, tok, name
+
+
+def prompt_room(name: str, max_new_tokens: int):
+    """The most prompt tokens a training prompt may take: what the model's context leaves beside the response
+    budget, and half of it at least (as evaluate.py cuts); None where the config names no context."""
+    context = getattr(load_config(name), "max_position_embeddings", None)
+    return max(context - max_new_tokens, context // 2) if context else None
+
+
+def load_policy(args, ckpt: str = None, adapter_state: dict = None, world=None):
+    """What a train.py run trains, on args.device: (model, tokenizer, reference, adapters). The model is --model, or
+    when a full-parameter run resumes, its checkpoint ckpt; a LoRA run resumes from --model and its adapters
+    (adapter_state, from state.pt) and `adapters` is the peft model (infra/lora.py), else None. The reference is G4's
+    frozen copy of --model when beta > 0 (None under LoRA: the base with its adapters off is the reference).
+    torch is seeded with args.seed once the models are loaded, and only then are LoRA's adapters drawn: a first run
+    builds or converts its model (the tiny world's warm start, a GGUF file), which draws from torch's RNG, where a
+    later run reads it from .cache and draws nothing; seeded before, the first run of a seed would differ from every
+    later one."""
+    resume_model = ckpt and not args.lora_rank
+    model, tokenizer, _ = load_model(ckpt if resume_model else args.model, "--resume" if resume_model else "--model",
+                                     world=world)
+    reference = None
+    if args.beta > 0 and not args.lora_rank:
+        reference, _, _ = load_model(args.model, world=world)
+        reference.eval().requires_grad_(False)
+        reference.to("cpu" if args.ref_on_cpu else args.device, dtype=torch.bfloat16 if args.bf16 else None)
+    torch.manual_seed(args.seed)
+    adapters = None
+    if args.lora_rank:  # adapters on the projections, every other weight frozen
+        adapters = lora.wrap(model, args.lora_rank, args.lora_alpha, args.lora_targets.split(","), bf16_base=args.bf16)
+        if adapter_state:
+            model.load_state_dict(adapter_state, strict=False)
+    check_finite(model, ckpt or args.model, "--resume" if ckpt else "--model")
+    model.to(args.device)
+    if args.grad_checkpointing:
+        model.activation_checkpointing_enable()
+    return model, tokenizer, reference, adapters
 
 
 def own_memory(model):

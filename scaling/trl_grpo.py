@@ -29,16 +29,17 @@ D4 the reward functions below (+-1 and the soft overlong penalty) and mask_trunc
 filter). D2's dynamic sampling is not in TRL 1.16 and is not built here: every group is trained on, as
 train.py's --no-dynamic-sampling does. trl_train.py says so when the method asks for it.
 """
+import shlex
 
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
-import config
 import dapo
 import methods
 import oar
 import reward
+from config import training
 
 # G5's aggregations and TRL's loss_type that computes each (TRL divides by its own counts: "grpo" by each
 # micro-batch's rollouts, "dapo" by the generation batch's tokens, "dr_grpo" by rollouts x max_completion_length)
@@ -47,18 +48,17 @@ LOSS_TYPE = {"seq-mean-token-mean": "grpo", "token-mean": "dapo", "seq-mean-toke
 
 def rule_args(method: str, *, group_size: int, max_new_tokens: int, device: str, bf16: bool = False,
               scale_rewards: str = "group", flags: str = "", model: str = None, dataset: str = None):
-    """train.py's flags for --method (config.parse_args: the base's and rule's presets, every check), with the
-    values TRL's GRPOConfig decides set from it. flags: more train.py flags for the rule, e.g. "--ktae-top 2";
-    model, dataset: the run's (None: train.py's defaults), whose records set some of the rule's defaults (OAR's
-    cue and chunk)."""
+    """train.py's settings for --method (config/training.py: the base's and rule's presets, every check), with the
+    values TRL's GRPOConfig decides given as they are. flags: more train.py flags for the rule, as text, e.g.
+    "--ktae-top 2"; model, dataset: the run's (None: train.py's defaults), whose records set some of the rule's
+    defaults (OAR's cue and chunk). A refusal is one line (SystemExit)."""
     if scale_rewards not in ("group", "none"):
         raise SystemExit(f"--scale_rewards {scale_rewards}: G1 scales by the group's std (group) or not (none); "
                          f"TRL's batch scaling is not one of this project's rules")
-    argv = ["--method", method, *(["--model", model] if model else []), *(["--dataset", dataset] if dataset else []),
-            "--group-size", str(group_size), "--max-new-tokens", str(max_new_tokens), "--device", device,
-            *(["--bf16"] if bf16 else []), *(["--no-std-scale"] if scale_rewards == "none" else []),
-            *flags.split()]
-    return config.parse_args_one_line(argv)
+    given = dict(method=method, group_size=group_size, max_new_tokens=max_new_tokens, device=device,
+                 no_std_scale=scale_rewards == "none")
+    given.update({k: v for k, v in dict(model=model, dataset=dataset, bf16=bf16 or None).items() if v is not None})
+    return training.parse_args_one_line(shlex.split(flags), **given)
 
 
 def grpo_config_options(args) -> dict:

@@ -1,13 +1,13 @@
 """Any --method inside TRL's GRPOTrainer (trl_grpo.RuleGRPOTrainer): one CPU, several processes, several GPUs.
 
-    python scaling/trl_train.py --method ktae --threads 1                # the tiny world, one CPU process
-    torchrun --nproc_per_node 2 scaling/trl_train.py --method ktae --use_cpu --gradient_accumulation_steps 1
-    accelerate launch --num_processes 8 scaling/trl_train.py --method ktae --model DIR --dataset gsm8k \\
+    python -m scaling.trl_train --method ktae --threads 1                # the tiny world, one CPU process
+    torchrun --nproc_per_node 2 -m scaling.trl_train --method ktae --use_cpu --gradient_accumulation_steps 1
+    accelerate launch --num_processes 8 -m scaling.trl_train --method ktae --model DIR --dataset gsm8k \\
         --per_device_train_batch_size 16 --gradient_accumulation_steps 1 --use_vllm
 
 TRL is an optional dependency (pip install -r requirements/trl.txt); no other module imports this one. The flags
 are GRPOConfig's own names (--learning_rate, --num_generations, --max_completion_length, --epsilon_high, --loss_type,
---mask_truncated_completions, --num_iterations, --use_vllm, ...: `python scaling/trl_train.py --help`), with
+--mask_truncated_completions, --num_iterations, --use_vllm, ...: `python -m scaling.trl_train --help`), with
 train.py's tiny defaults where TRL's differ (set below, DEFAULTS), plus the few of this script (ScriptArguments).
 The held-out evaluation is train.py's: greedy, the same problems, evaluate.score, before and after training.
 """
@@ -18,19 +18,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-if __package__ in (None, ""):  # run as a file (python scaling/trl_train.py): the project's modules are one folder up
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch
+from datasets import Dataset
+from transformers import HfArgumentParser, TrainerCallback
+from trl import GRPOConfig, ModelConfig, get_peft_config
 
-import torch  # noqa: E402
-from datasets import Dataset  # noqa: E402
-from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
-from trl import GRPOConfig, ModelConfig, get_peft_config  # noqa: E402
-
-import config  # noqa: E402
-import data  # noqa: E402
-import evaluate  # noqa: E402
-from infra import checkpoint, lora, models  # noqa: E402
-from scaling import trl_grpo  # noqa: E402
+import data
+import evaluate
+from config import shared
+from infra import checkpoint, lora, models
+from scaling import trl_grpo
 
 
 @dataclass
@@ -38,7 +35,7 @@ class ScriptArguments:
     method: str = field(default="grpo", metadata={"help": "as train.py's --method: grpo, dapo, ktae, oar-p, oar-g, "
                                                           "dapo+ktae, ... (methods.py)"})
     method_flags: str = field(default="", metadata={"help": "more train.py flags for the rule, e.g. '--ktae-top 2 "
-                                                            "--oar-q 0.4' (config.py checks them)"})
+                                                            "--oar-q 0.4' (config/training.py checks them)"})
     model: str = field(default=models.DEFAULT, metadata={"help": "as train.py's --model"})
     dataset: str = field(default=data.DEFAULT, metadata={"help": "as train.py's --dataset: tiny (fresh problems), "
                                                                   "gsm8k, a .jsonl file, ..."})
@@ -98,18 +95,18 @@ def check(ns):
     for name in counts:
         if getattr(ns, name) < 1:
             sys.exit(f"--{name} {getattr(ns, name)}: must be at least 1")
-    if config.threads_problem(ns.threads):
-        sys.exit(f"--threads {ns.threads}: {config.threads_problem(ns.threads)}")
-    if config.seed_problem(ns.seed):  # one line, not TRL's usage
-        sys.exit(f"--seed {ns.seed}: {config.seed_problem(ns.seed)}")
+    if shared.threads_problem(ns.threads):
+        sys.exit(f"--threads {ns.threads}: {shared.threads_problem(ns.threads)}")
+    if shared.seed_problem(ns.seed):  # one line, not TRL's usage
+        sys.exit(f"--seed {ns.seed}: {shared.seed_problem(ns.seed)}")
     if os.environ.get("LOCAL_RANK", "0") == "0":  # one probe a machine: processes making the folder at once collide
         checkpoint.writable_dir(ns.output_dir, "--output_dir")
     if ns.num_generations < 2:
         sys.exit(f"--num_generations {ns.num_generations}: must be at least 2 (G1 compares rollouts within a group)")
-    if not 0 < ns.learning_rate <= config.MAX_LR:
-        sys.exit(f"--learning_rate {ns.learning_rate}: must be greater than 0 and at most {config.MAX_LR}")
-    if not ns.temperature >= config.MIN_TEMPERATURE:
-        sys.exit(f"--temperature {ns.temperature}: must be at least {config.MIN_TEMPERATURE}")
+    if not 0 < ns.learning_rate <= shared.MAX_LR:
+        sys.exit(f"--learning_rate {ns.learning_rate}: must be greater than 0 and at most {shared.MAX_LR}")
+    if not ns.temperature >= shared.MIN_TEMPERATURE:
+        sys.exit(f"--temperature {ns.temperature}: must be at least {shared.MIN_TEMPERATURE}")
     rollouts = ns.per_device_train_batch_size * ns.gradient_accumulation_steps * int(os.environ.get("WORLD_SIZE", 1))
     if rollouts % ns.num_generations:
         sys.exit(f"--per_device_train_batch_size {ns.per_device_train_batch_size} x --gradient_accumulation_steps "

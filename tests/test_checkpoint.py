@@ -10,11 +10,11 @@ import sys
 import pytest
 import torch
 
-import config
+from config import training
 import grpo
 import reward
 import train
-from infra import checkpoint, logbook
+from infra import checkpoint, guard, logbook
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--eval-limit", "16", "--eval-every", "1000"]
@@ -315,7 +315,7 @@ def test_a_manifest_or_run_json_of_the_wrong_shape_is_one_line(base, tmp_path):
         str(e.value.code)
     with open(os.path.join(run_dir, "run.json"), "w") as f:
         f.write("[1]")
-    args = config.parse_args(["--run-dir", run_dir])
+    args = training.parse_args(["--run-dir", run_dir])
     with pytest.raises(SystemExit) as e:
         checkpoint.check(run_dir, args, resume=False, overwrite=False)
     assert str(e.value.code).startswith(f"--run-dir {run_dir} holds a run: pass --resume")
@@ -397,7 +397,7 @@ def test_resume_without_a_readable_run_json_asks_the_checkpoint(base, tmp_path, 
 def test_two_runs_started_together_into_one_directory_one_refuses(tmp_path):
     # both checked the empty directory before either claimed it (each was loading its model)
     run_dir = str(tmp_path / "run")
-    first, second = (config.parse_args(["--run-dir", run_dir, "--method", m]) for m in ("grpo", "ktae"))
+    first, second = (training.parse_args(["--run-dir", run_dir, "--method", m]) for m in ("grpo", "ktae"))
     for args in (first, second):
         checkpoint.check(run_dir, args, resume=False, overwrite=False)
     lock = checkpoint.claim(run_dir, first, resume=False, overwrite=False)
@@ -414,7 +414,7 @@ def test_two_runs_started_together_into_one_directory_one_refuses(tmp_path):
 
 
 def test_a_second_run_cannot_write_into_a_locked_directory(tmp_path):
-    args = config.parse_args(["--run-dir", str(tmp_path)])
+    args = training.parse_args(["--run-dir", str(tmp_path)])
     lock = checkpoint.claim(str(tmp_path), args, resume=False, overwrite=False)
     with pytest.raises(SystemExit) as e:
         checkpoint.claim(str(tmp_path), args, resume=True, overwrite=False)
@@ -457,7 +457,7 @@ def test_an_update_that_overflows_is_undone_bit_for_bit(base, lr, grad):
         optimizer.param_groups[0]["lr"] = lr
         for p in model.parameters():
             p.grad = torch.full_like(p, grad)
-        return train.step_if_finite(optimizer)
+        return guard.step_if_finite(optimizer)
     before = copy.deepcopy(model.state_dict())
     assert not step(lr, grad)  # the first step: AdamW has no state yet, and must have none after
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and not optimizer.state
@@ -555,7 +555,7 @@ def test_degenerate_runs_are_warned_about():
 ])
 def test_bad_flags_are_argparse_errors_naming_the_flag(capsys, flags, named):
     with pytest.raises(SystemExit) as e:
-        config.parse_args(flags)
+        training.parse_args(flags)
     assert e.value.code == 2 and named in capsys.readouterr().err
 
 
@@ -563,7 +563,7 @@ def test_bad_flags_are_argparse_errors_naming_the_flag(capsys, flags, named):
 def test_a_cuda_device_on_a_machine_without_one_is_one_argparse_line(capsys):
     for flags in (["--device", "cuda"], ["--device", "cuda:1"]):
         with pytest.raises(SystemExit) as e:
-            config.parse_args(flags)
+            training.parse_args(flags)
         assert e.value.code == 2 and f"{flags[1]}: no CUDA device is visible" in capsys.readouterr().err
 
 

@@ -1,4 +1,4 @@
-"""What a newcomer runs first: every script's --help answers at once and exits 0, and compare.py run from
+"""What a newcomer runs first: every script's --help answers at once and exits 0, and tools.compare run from
 another directory puts its runs under the directory it was given, relative to where it was run."""
 import json
 import os
@@ -12,25 +12,46 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
-@pytest.mark.parametrize("script", ["train.py", "evaluate.py", "tools/compare.py", "tools/bench.py", "data.py",
-                                    "scaling/trl_train.py"])
+SCRIPTS = {"train.py": ["train.py"], "evaluate.py": ["evaluate.py"], "data.py": ["data.py"],
+           "tools.compare": ["-m", "tools.compare"], "tools.bench": ["-m", "tools.bench"],
+           "scaling.trl_train": ["-m", "scaling.trl_train"]}
+# run from another folder, as a user may: the root's scripts by their path, tools/ and scaling/ as modules of it
+ENV_ROOT = dict(ENV, PYTHONPATH=ROOT)
+
+
+def command(script: str) -> list:
+    how = SCRIPTS[script]
+    return [sys.executable, *(how[:1] if how[0] == "-m" else []), os.path.join(ROOT, how[0]) if how[0] != "-m"
+            else how[1]]
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
 def test_help_exits_zero_at_once(script, tmp_path):
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=120, env=ENV)
+    r = subprocess.run([*command(script), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env=ENV_ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("usage:") and "--help" in r.stdout
     assert time.perf_counter() - t0 < 60  # printing help, not running (bench.py alone used to run 13 minutes)
     assert not os.listdir(tmp_path)  # and writing nothing
-    if script in ("train.py", "evaluate.py", "tools/compare.py", "tools/bench.py"):  # what runs models
+    if script in ("train.py", "evaluate.py", "tools.compare", "tools.bench"):  # what runs models
         assert "--threads" in r.stdout  # a shared machine needs it (torch's default threads collapse there)
 
 
+def test_no_module_edits_the_import_path():
+    # tools/ and scaling/ are packages of the root, run with -m: none of the project's code inserts a path (a copy
+    # of the root on sys.path shadowed modules of the same name once); the tests alone add the root (conftest.py)
+    found = [os.path.relpath(os.path.join(d, n), ROOT) for d, _, names in os.walk(ROOT) for n in names
+             if n.endswith(".py") and "sys.path.insert" in open(os.path.join(d, n)).read()
+             and os.path.relpath(d, ROOT).split(os.sep)[0] != "tests"]
+    assert found == []
+
+
 def test_compare_from_another_directory_puts_runs_under_the_given_dir(base, tmp_path):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "compare.py"), "--methods", "grpo", "--seeds", "0",
+    r = subprocess.run([*command("tools.compare"), "--methods", "grpo", "--seeds", "0",
                         "--steps", "2", "--run-dir", "runs/cwdtest", "--threads", "1", "--", "--prompts-per-step",
                         "2", "--group-size", "2", "--eval-limit", "8"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=600, env=ENV)
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600, env=ENV_ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     run = tmp_path / "runs" / "cwdtest" / "grpo-seed0"
     assert (run / "done.json").exists() and (tmp_path / "runs" / "cwdtest" / "results.md").exists()

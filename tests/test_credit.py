@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import config
+from config import training
 import entropy as e1  # E1's module (the tests name their tensors `entropy`)
 import grpo
 import methods
@@ -132,11 +132,11 @@ def test_entropy_mask_equals_trls_on_the_same_tensors():
 
 def test_the_chain_task_is_a_dataset_and_the_share_is_checked(capsys):
     with pytest.raises(SystemExit):
-        config.parse_args(["--top-entropy-quantile", "0"])
+        training.parse_args(["--top-entropy-quantile", "0"])
     assert "--top-entropy-quantile 0" in capsys.readouterr().err
-    chain = config.parse_args(["--dataset", "chain"])  # its own budget, held-out set and cue (data.DATASETS)
+    chain = training.parse_args(["--dataset", "chain"])  # its own budget, held-out set and cue (data.DATASETS)
     assert (chain.max_new_tokens, chain.eval_dataset) == (128, "chain")
-    assert config.parse_args([]).max_new_tokens == 48
+    assert training.parse_args([]).max_new_tokens == 48
 
 
 def steps(run_dir):

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import config
+from config import training
 import dapo
 import ktae
 import methods
@@ -27,23 +27,23 @@ def test_the_six_names_and_every_base_with_every_rule():
 
 
 def test_method_dapo_sets_its_preset_and_a_flag_given_wins():
-    a = config.parse_args(["--method", "dapo", "--max-new-tokens", "48"])
+    a = training.parse_args(["--method", "dapo", "--max-new-tokens", "48"])
     assert (a.eps_high, a.agg, a.dynamic_sampling, a.keep_surplus, a.signed_reward) == (
         0.28, "token-mean", True, True, True)
     assert a.overlong_buffer == 8  # a sixth of --max-new-tokens: 48 // 6
-    g = config.parse_args(["--method", "ktae"])
+    g = training.parse_args(["--method", "ktae"])
     assert (g.eps_high, g.agg, g.dynamic_sampling, g.overlong_buffer, g.signed_reward) == (
         None, "seq-mean-token-mean", False, 0, False)
-    b = config.parse_args(["--method", "dapo", "--eps-high", "0.3", "--no-dynamic-sampling", "--agg",
+    b = training.parse_args(["--method", "dapo", "--eps-high", "0.3", "--no-dynamic-sampling", "--agg",
                            "seq-mean-token-mean"])
     assert (b.eps_high, b.dynamic_sampling, b.agg, b.signed_reward) == (0.3, False, "seq-mean-token-mean", True)
     # a rule's defaults: OAR-P probes the last position, OAR-G the teacher-forced answer (O1)
-    assert config.parse_args(["--method", "dapo+oar-p"]).oar_probe == "last"
-    assert config.parse_args(["--method", "oar-g"]).oar_probe == "answer_mean"
+    assert training.parse_args(["--method", "dapo+oar-p"]).oar_probe == "last"
+    assert training.parse_args(["--method", "oar-g"]).oar_probe == "answer_mean"
 
 
 def _ctx(args_list, model=None, tok=None, problems=None):
-    return methods.Context(config.parse_args(args_list), model, tok, problems or [])
+    return methods.Context(training.parse_args(args_list), model, tok, problems or [])
 
 
 def test_rule_none_broadcasts_g1():
@@ -88,7 +88,7 @@ def test_rule_oar_reweights_the_reasoning_and_keeps_its_total(base, rule):
                             temperature=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
     mask = batch["response_mask"].float()
-    ctx = methods.Context(config.parse_args(["--method", rule, "--group-size", "4"]), model, tok, problems)
+    ctx = methods.Context(training.parse_args(["--method", rule, "--group-size", "4"]), model, tok, problems)
     got = methods.RULES[rule].advantages(batch, rewards, mask, ctx)
     assert torch.allclose(got.tokens, oar.token_advantages(got.seq, got.values, mask))
     resp = batch["input_ids"][:, batch["prompt_len"]:]
@@ -146,22 +146,22 @@ def test_d2_fill_batch_keeps_b_mixed_groups_and_buffers_the_rest():
     rounds = iter([(["a", "b"], _round([[True, False], [True, True]], 1)),
                    (["c", "d"], _round([[False, True], [True, False]], 2))])
     got = dapo.fill_batch(lambda: next(rounds), B=2, G=2, max_rounds=10, buffer=([], []), keep_surplus=True, pad_id=0)
-    assert got["problems"] == ["a", "c"] and got["batch"]["input_ids"][:, 0].tolist() == [10, 11, 20, 21]
-    assert got["buffer"][0] == ["d"] and got["buffer"][1][0]["input_ids"][:, 0].tolist() == [22, 23]
-    assert (got["generated"], got["rounds"], got["carried"], got["mixed"]) == (4, 2, 0, 3)
+    assert got.problems == ["a", "c"] and got.batch["input_ids"][:, 0].tolist() == [10, 11, 20, 21]
+    assert got.buffer[0] == ["d"] and got.buffer[1][0]["input_ids"][:, 0].tolist() == [22, 23]
+    assert (got.generated, got.rounds, got.carried, got.mixed) == (4, 2, 0, 3)
     # the next step starts from the buffer: one more mixed group fills it, and nothing is left over
     rounds = iter([(["e", "f"], _round([[True, True], [False, True]], 3))])
-    nxt = dapo.fill_batch(lambda: next(rounds), 2, 2, 10, got["buffer"], True, 0)
-    assert nxt["problems"] == ["d", "f"] and nxt["batch"]["input_ids"][:, 0].tolist() == [22, 23, 32, 33]
-    assert (nxt["carried"], nxt["mixed"], nxt["buffer"]) == (1, 1, ([], []))
+    nxt = dapo.fill_batch(lambda: next(rounds), 2, 2, 10, got.buffer, True, 0)
+    assert nxt.problems == ["d", "f"] and nxt.batch["input_ids"][:, 0].tolist() == [22, 23, 32, 33]
+    assert (nxt.carried, nxt.mixed, nxt.buffer) == (1, 1, ([], []))
     # without the buffer (verl) the surplus is dropped; with no mixed group after max_rounds there is no batch
     rounds = iter([(["a", "b"], _round([[True, False], [True, True]], 1)),
                    (["c", "d"], _round([[False, True], [True, False]], 2))])
     dropped = dapo.fill_batch(lambda: next(rounds), 2, 2, 10, ([], []), False, 0)
-    assert dropped["problems"] == ["a", "c"] and dropped["buffer"] == ([], []) and dropped["mixed"] == 3
+    assert dropped.problems == ["a", "c"] and dropped.buffer == ([], []) and dropped.mixed == 3
     rounds = iter([(["a"], _round([[True, True]], 1))] * 3)
     empty = dapo.fill_batch(lambda: next(rounds), 1, 2, 3, ([], []), True, 0)
-    assert empty["batch"] is None and (empty["rounds"], empty["generated"]) == (3, 3)
+    assert empty.batch is None and (empty.rounds, empty.generated) == (3, 3)
 
 
 def test_dual_clip_reaches_the_loss_and_is_logged(base, tmp_path):

@@ -299,10 +299,10 @@ def test_a_loaded_model_keeps_no_file_mapped(base, tmp_path):
 @pytest.mark.parametrize("hardware", [False, True])
 def test_bf16_is_on_by_default_for_a_real_model_where_the_hardware_has_it(monkeypatch, hardware):
     # bf16 is faster only with the hardware's bf16 products (docs/LOG.md): the suite itself pins float32
-    import config
+    from config import training
     monkeypatch.setattr(models, "native_bf16", lambda device: hardware)
-    assert config.parse_args(["--model", "smollm2-135m"]).bf16 is hardware
-    assert config.parse_args(["--model", "smollm2-135m", "--no-bf16"]).bf16 is False
-    assert config.parse_args(["--model", "smollm2-135m", "--bf16"]).bf16 is True
-    assert config.parse_args([]).bf16 is False  # the tiny world stays float32
+    assert training.parse_args(["--model", "smollm2-135m"]).bf16 is hardware
+    assert training.parse_args(["--model", "smollm2-135m", "--no-bf16"]).bf16 is False
+    assert training.parse_args(["--model", "smollm2-135m", "--bf16"]).bf16 is True
+    assert training.parse_args([]).bf16 is False  # the tiny world stays float32
     assert models.bf16_default("qwen2.5-coder-1.5b", "cpu") is hardware

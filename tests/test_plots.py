@@ -22,7 +22,7 @@ def test_ktae_page_shows_rewards_advantages_legend_and_pastel_colours(tmp_path):
     path = tmp_path / "k.html"
     rollouts = [(["1", "+", "\n", "7"], [1.0, 0.0, 0.0, -0.5], 1.0, 0.866),
                 (["9", "<|endoftext|>"], [-0.5, 0.0], 0.0, -0.866)]
-    hm = methods.RULES["ktae"].heatmap(None, None, None)  # the rule says how its values are coloured: around 0
+    hm = methods.RULES["ktae"].heatmap(None, None, None, None)  # the rule says how its values are coloured: around 0
     assert (hm.kind, hm.centre, hm.scale) == ("ktae", 0.0, 1.0)
     plots.token_heatmap(str(path), "ktae: key-token values, step 3", "Q:1+6=?\nA:", rollouts, *hm[:1], *hm[2:])
     page = path.read_text()
@@ -41,7 +41,7 @@ def test_ktae_page_shows_rewards_advantages_legend_and_pastel_colours(tmp_path):
 
 def test_oar_page_explains_the_uncoloured_answer_and_green_in_a_wrong_rollout(tmp_path):
     path = tmp_path / "o.html"
-    hm = methods.RULES["oar-g"].heatmap(None, None, SimpleNamespace(oar_beta=2.0))  # around 1, at most 1 + beta
+    hm = methods.RULES["oar-g"].heatmap(None, None, None, SimpleNamespace(oar_beta=2.0))  # around 1, at most 1 + beta
     assert (hm.kind, hm.centre, hm.scale) == ("oar", 1.0, 2.0)
     plots.token_heatmap(str(path), "oar-g: OAR weights", "Q:2+2=?\nA:", [(["4", "}"], [3.0, 1.0], 0.0, -1.5)],
                         kind=hm.kind, centre=hm.centre, scale=hm.scale)

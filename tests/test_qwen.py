@@ -20,7 +20,7 @@ import os
 import pytest
 import torch
 
-import config
+from config import training
 import data
 import ktae
 import reward
@@ -114,7 +114,7 @@ def test_oar_spans_and_ktae_values_on_qwen_tokens(qwen):
     assert reasoning == "3 x 4 = 12 pencils. The final answer is" and rest == " \\boxed{12}."  # at " \boxed{"
     right = enc("3 x 4 = 12 pencils. The final answer is \\boxed{12}.")
     wrong = enc("3 + 4 = 7 pencils. The final answer is \\boxed{7}.")
-    args = config.parse_args(["--method", "oar-g", "--model", NAME, "--dataset", "gsm8k"])
+    args = training.parse_args(["--method", "oar-g", "--model", NAME, "--dataset", "gsm8k"])
     assert args.oar_cue == data.OAR_CUE and args.oar_chunk == ALIAS.oar_chunk
     assert tok.decode(enc(args.oar_cue)) == args.oar_cue and tok.decode(enc("12}")) == "12}"
     # KTAE on the real vocabulary: two right and two wrong rollouts of one group, with ids from the whole

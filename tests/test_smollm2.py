@@ -21,7 +21,7 @@ import os
 import pytest
 import torch
 
-import config
+from config import training
 import data
 import ktae
 import reward
@@ -114,7 +114,7 @@ def test_oar_spans_and_ktae_values_on_bpe_tokens(smol):
     reasoning, rest = oar_span(tok, "59 + 63 = 122. The final answer is \\boxed{122}.")
     assert reasoning == "59 + 63 = 122. The final answer is"  # the span ends where " \boxed{" begins
     assert rest.lstrip().startswith("\\boxed{")
-    args = config.parse_args(["--method", "oar-g", "--model", "smollm2-135m", "--dataset", "arith"])
+    args = training.parse_args(["--method", "oar-g", "--model", "smollm2-135m", "--dataset", "arith"])
     assert args.oar_cue == "\nTherefore, the final answer is \\boxed{"  # OAR's conclude sentence
     assert tok.decode(enc(args.oar_cue)) == args.oar_cue and tok.decode(enc("122" + "}")) == "122}"
     # KTAE on real BPE ids: one group, two right and two wrong rollouts that differ in their last line only

@@ -1,11 +1,11 @@
 """Speed, against model.generate, TRL and the machine's own limits (issue 29), and the one-GPU table of memory and
 seconds at Qwen2.5-Math-1.5B's configuration (issue 28). One table, each row printed as soon as it is measured.
 
-    python tools/bench.py --threads 2                         # the tiny default: every part but TRL's
-    python tools/bench.py --model smollm2-135m --threads 2    # the SmolLM2 recipe's setting, about 17 minutes
-    python tools/bench.py --model qwen2.5-coder-0.5b --threads 2 --trl
-    python tools/bench.py --parts steps --methods grpo,ktae --steps 6    # a quick look at two methods' steps
-    python tools/bench.py --model smollm2-135m -- --bf16      # more train.py flags, for every part (bf16 autocast)
+    python -m tools.bench --threads 2                         # the tiny default: every part but TRL's
+    python -m tools.bench --model smollm2-135m --threads 2    # the SmolLM2 recipe's setting, about 17 minutes
+    python -m tools.bench --model qwen2.5-coder-0.5b --threads 2 --trl
+    python -m tools.bench --parts steps --methods grpo,ktae --steps 6    # a quick look at two methods' steps
+    python -m tools.bench --model smollm2-135m -- --bf16      # more train.py flags, for every part (bf16 autocast)
 
 Parts (--parts, in this order): machine (matrix products at the model's shapes, float32 and bf16; memory
 bandwidth), sampler (sample.generate against model.generate on the same prompts, lengths and batch, greedy and
@@ -16,11 +16,11 @@ sampling, advantage and training; training MFU), trl (--trl: TRL's GRPOTrainer a
 is benchmarked on (its data, batch, lengths, temperature, grader, steps and repetitions) is
 benchparts/workload.py's SETTINGS.
 
-    python tools/bench.py --gpu                               # on a CUDA device: every part, about 30 minutes
-    python tools/bench.py --gpu --parts memory-recipe         # or one part a call, each under 10 minutes: machine,
+    python -m tools.bench --gpu                               # on a CUDA device: every part, about 30 minutes
+    python -m tools.bench --gpu --parts memory-recipe         # or one part a call, each under 10 minutes: machine,
                                                               #   memory-recipe, memory-smaller, memory-lora,
                                                               #   steps, oar-g, sampler
-    python tools/bench.py --gpu --device cpu --threads 2      # the same code at 2 layers, 8,192 ids, short lengths
+    python -m tools.bench --gpu --device cpu --threads 2      # the same code at 2 layers, 8,192 ids, short lengths
 
 --gpu: a randomly initialised model of Qwen2.5-Math-1.5B's configuration through train.py (benchparts/gpu.py):
 the plan against each phase's measured peak at docs/gpu.md's recipe, at a smaller setting and with LoRA; seconds a
@@ -31,24 +31,19 @@ length, where only a smaller chunk fits: `--dry-run` names it).
 Timings depend on the machine and on what else runs on it: docs/LOG.md has what these commands measured, dated.
 """
 import argparse
-import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's root, one folder up
-if __package__ in (None, ""):  # run as a file (python tools/bench.py): the project's modules are in ROOT
-    sys.path.insert(0, ROOT)
-
-import methods  # noqa: E402  (torch and the heavier modules are imported where they are used: --help answers at once)
-from infra import models  # noqa: E402
-from tools.benchparts.gpu import GPU_METHODS, GPU_PARTS, run_gpu  # noqa: E402
-from tools.benchparts.llamacpp import llama_rows  # noqa: E402
-from tools.benchparts.machine import machine_rows  # noqa: E402
-from tools.benchparts.sampler import sampler_rows  # noqa: E402
-from tools.benchparts.steps import default_methods, step_rows, training_mfu  # noqa: E402
-from tools.benchparts.table import Table, progress  # noqa: E402
-from tools.benchparts.trl_step import trl_rows  # noqa: E402
-from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, load_workload, overridden  # noqa: E402
+import methods  # (torch and the heavier modules are imported where they are used: --help answers at once)
+from infra import models
+from tools.benchparts.gpu import GPU_METHODS, GPU_PARTS, run_gpu
+from tools.benchparts.llamacpp import llama_rows
+from tools.benchparts.machine import machine_rows
+from tools.benchparts.sampler import sampler_rows
+from tools.benchparts.steps import default_methods, step_rows, training_mfu
+from tools.benchparts.table import Table, progress
+from tools.benchparts.trl_step import trl_rows
+from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, load_workload, overridden
 
 CPU_PARTS = ["machine", "sampler", "steps", "trl", "llama"]
 
@@ -127,9 +122,9 @@ def main(argv=None):
     for m in chosen:
         if m not in methods.names():
             p.error(f"--methods: unknown method {m!r} (choose from {', '.join(methods.names())})")
-    import config
-    if config.threads_problem(args.threads):  # train.py would refuse it only in the steps part, after the others ran
-        p.error(f"--threads {args.threads}: {config.threads_problem(args.threads)}")
+    from config import shared
+    if shared.threads_problem(args.threads):  # train.py would refuse it only in the steps part, after the others ran
+        p.error(f"--threads {args.threads}: {shared.threads_problem(args.threads)}")
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)

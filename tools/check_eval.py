@@ -2,7 +2,7 @@
 and graded by math-verify directly, then compared with what evaluate.py wrote, problem by problem.
 
     python evaluate.py --model qwen2.5-coder-1.5b --benchmarks gsm8k,math500 --limit 50 --bf16 --out runs/e.json
-    python tools/check_eval.py runs/e.json --threads 2
+    python -m tools.check_eval runs/e.json --threads 2
 
 Nothing here uses the project's sampler (sample.py) or grader (reward.py): what they share with evaluate.py is only
 the model's files and the prompts (data.py), so that a verdict that differs points at one of the two paths. The
@@ -17,18 +17,13 @@ where the verdicts differ, with both answers' endings; and writes that compariso
 import argparse
 import json
 import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's root, one folder up
-if __package__ in (None, ""):  # run as a file (python tools/check_eval.py): the project's modules are in ROOT
-    sys.path.insert(0, ROOT)
+import torch
+from tqdm import tqdm
 
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import data  # noqa: E402
-from infra import models  # noqa: E402
+import data
+from infra import models
 
 
 def generate(model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int) -> list:

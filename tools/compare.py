@@ -1,9 +1,9 @@
 """Side-by-side runs: every method over the same seeds on the tiny default, one command, one directory.
 
-    python tools/compare.py --threads 2          # every short --method of methods.py, seeds 0 1 2, 100 steps
-    python tools/compare.py --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick
-    python tools/compare.py --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick -- --lr 1e-4   # train.py flags
-    python tools/compare.py --dataset chain --methods grpo,ktae,oar-g,oar-p,entropy --seeds 0,1,2,3,4 --out runs/chain
+    python -m tools.compare --threads 2          # every short --method of methods.py, seeds 0 1 2, 100 steps
+    python -m tools.compare --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick
+    python -m tools.compare --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick -- --lr 1e-4   # train.py flags
+    python -m tools.compare --dataset chain --methods grpo,ktae,oar-g,oar-p,entropy --seeds 0,1,2,3,4 --out runs/chain
 
 OUT (--out, or its alias --run-dir) is taken relative to the directory you run the command from, wherever
 compare.py itself lies. --eval-every defaults to a quarter of --steps (4 evaluations, plus step 0).
@@ -29,14 +29,12 @@ import statistics
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's root, one folder up
-if __package__ in (None, ""):  # run as a file (python tools/compare.py): the project's modules are in ROOT
-    sys.path.insert(0, ROOT)
+import data
+import methods
+from config import shared, training
+from infra import checkpoint, plots
 
-import config  # noqa: E402
-import data  # noqa: E402
-import methods  # noqa: E402
-from infra import checkpoint, plots  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's root, one folder up
 
 TRAIN = os.path.join(ROOT, "train.py")  # by its full path: compare.py may be run from any directory
 OWN_FLAGS = ("--method", "--seed", "--steps", "--run-dir", "--eval-every", "--save-every", "--threads", "--resume",
@@ -61,12 +59,12 @@ def train_flags(method, seed, args) -> list:
 
 
 def check_train_flags(p, chosen, seeds, args):
-    """train.py's own checks (config.parse_args) of every run's flags, before the first run starts: a flag it
+    """train.py's own checks (config/training.py) of every run's flags, before the first run starts: a flag it
     refuses would otherwise stop the comparison only when its run is reached, perhaps hours in."""
     for method in chosen:
         for seed in seeds:
             try:
-                config.parse_args_one_line(train_flags(method, seed, args))
+                training.parse_args_one_line(train_flags(method, seed, args))
             except SystemExit as e:
                 p.error(f"train.py refuses the flags of {method} seed {seed}: {e.code}")
 
@@ -89,7 +87,8 @@ def parse_seeds(p, text: str) -> list:
             seeds.append(int(s))
         except ValueError:
             p.error(f"--seeds {text!r}: {s!r} is not a whole number (e.g. --seeds 0,1,2)")
-        config.check_seed(p, seeds[-1], "--seeds")
+        with shared.as_errors_of(p):
+            shared.check_seed(seeds[-1], "--seeds")
     return seeds
 
 
@@ -195,9 +194,10 @@ def main(argv=None):
             p.error(f"--methods: unknown method {m!r} (choose from {', '.join(methods.names())})")
     distinct(p, "--methods", args.methods, chosen, methods.parse)
     distinct(p, "--seeds", args.seeds, seeds, int)
-    config.at_least(p, args, {"steps": 1, "eval_every": 1})
-    if config.threads_problem(args.threads):
-        p.error(f"--threads {args.threads}: {config.threads_problem(args.threads)}")
+    with shared.as_errors_of(p):
+        shared.at_least(args, {"steps": 1, "eval_every": 1})
+    if shared.threads_problem(args.threads):
+        p.error(f"--threads {args.threads}: {shared.threads_problem(args.threads)}")
     if args.eval_every is None:
         args.eval_every = max(1, args.steps // 4)
     for flag in args.train_args:
@@ -218,7 +218,7 @@ def main(argv=None):
             shutil.copy(os.path.join(maps, last), os.path.join(args.out, "heatmaps", f"{m}.html"))
     md = table(results)
     with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(f"`python tools/compare.py --dataset {args.dataset} --methods {args.methods} --seeds {args.seeds} "
+        f.write(f"`python -m tools.compare --dataset {args.dataset} --methods {args.methods} --seeds {args.seeds} "
                 f"--steps "
                 f"{args.steps} --eval-every {args.eval_every}{' -- ' * bool(args.train_args)}"
                 f"{' '.join(args.train_args)}`\n\n" + md)

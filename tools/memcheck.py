@@ -1,6 +1,6 @@
 """The --dry-run plan against what runs measured, phase by phase, as one Markdown table.
 
-    python tools/memcheck.py runs/ktae-seed0 runs/oar-g-seed0 ...     # train.py's run directories
+    python -m tools.memcheck runs/ktae-seed0 runs/oar-g-seed0 ...     # train.py's run directories
 
 For each run directory (run.json: the settings; metrics.jsonl: each step's peak memory by phase, its seconds by
 stage and its prompt length) the first step is compared: the plan (infra/memory.py) for that run's settings, its
@@ -13,15 +13,10 @@ the model loaded (allocator slack included); on a GPU, torch's allocated peak.
 import argparse
 import json
 import os
-import sys
 from types import SimpleNamespace
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's root, one folder up
-if __package__ in (None, ""):  # run as a file (python tools/memcheck.py): the project's modules are in ROOT
-    sys.path.insert(0, ROOT)
-
-import methods  # noqa: E402
-from infra import memory, models  # noqa: E402
+import methods
+from infra import memory, models
 
 PHASES = {plan: short for short, plan in memory.Peaks.PHASES.items()}  # the plan's phase -> peak_SHORT_gib
 STAGES = {"sampling": "time_sample", "advantage": "time_advantage", "training forward and backward": "time_train"}

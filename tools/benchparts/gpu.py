@@ -3,7 +3,7 @@
 travel), a tokenizer of its vocabulary and problems of a fixed prompt length, made in a temporary directory and run
 through train.py. A random model samples to the length limit, the worst case for memory.
 
-Parts (GPU_PARTS), each one call of the device tool (`python tools/bench.py --gpu --parts NAME`, under 10 minutes):
+Parts (GPU_PARTS), each one call of the device tool (`python -m tools.bench --gpu --parts NAME`, under 10 minutes):
 machine (matmul and bandwidth at the model's shapes); memory-recipe, memory-smaller, memory-lora (the plan against
 each phase's measured peak, at docs/gpu.md's recipe, at a smaller setting and with LoRA); steps (seconds a step of
 grpo, ktae, oar-g and oar-p; OAR-P on a short response); oar-g (OAR-G's peak at its default chunk, measured on
@@ -171,10 +171,10 @@ def memory_rows(table: Table, name: str, flags, method: str, threads, phases=Non
 def oar_g_plan_row(table: Table, cfg, flags, s: Sizes):
     """OAR-G's advantage phase at its default chunk and the recipe's lengths, as --dry-run plans it (not run: at
     1.5B it needs more memory than one GPU has). flags: the recipe's."""
-    import config
+    from config import training
     import methods
     from infra import memory
-    args = config.parse_args([*flags, "--method", "oar-g", "--dry-run"])  # --dry-run: no GPU needed to plan for one
+    args = training.parse_args([*flags, "--method", "oar-g", "--dry-run"])  # --dry-run: no GPU needed to plan for one
     plan = memory.memory_plan(cfg, **memory.plan_settings(args, s.prompt_tokens, methods.RULES[args.rule].scoring))
     table.row("memory", f"OAR-G at its default chunk ({args.oar_chunk}), {args.max_new_tokens} tokens: advantage",
               "not run", f"plan {sum(plan['advantage'].values()) / memory.GiB:.2f} GiB")

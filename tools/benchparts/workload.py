@@ -54,7 +54,7 @@ BENCH_FLAGS = ("--eval-every", "1000000", "--save-every", "1000000", "--eval-lim
 
 @dataclass
 class Workload:
-    """What every in-process part shares: train.py's settings (config.parse_args of the same flags, presets and checks
+    """What every in-process part shares: train.py's settings (config/training.py: the same flags, presets and checks
     included), the model and tokenizer as train.py loads them, on its device, and the prompts of train.py's first
     step (the same problems, drawn with the same seed)."""
     args: object
@@ -72,9 +72,9 @@ class Workload:
 
 def load_workload(model_name: str, flags) -> Workload:
     """train.py's settings, model, tokenizer and first prompts for --model model_name and these flags."""
-    import config
+    from config import training
     import data
-    args = config.parse_args(["--model", model_name, *flags, "--run-dir", os.path.join(tempfile.gettempdir(), "x")])
+    args = training.parse_args(["--model", model_name, *flags, "--run-dir", os.path.join(tempfile.gettempdir(), "x")])
     with contextlib.redirect_stdout(sys.stderr):  # what the loaders say; stdout is the table's
         model, tok, _ = models.load_model(args.model, world=data.dataset(args.dataset).world)
         model.to(args.device).eval()
