@@ -1,5 +1,5 @@
-"""What `--method` means: a base (grpo, dapo) and a token rule (none, ktae, oar-p, oar-g, entropy), each from one
-table.
+"""What `--method` means: a base (grpo, dapo) and a token rule (none, ktae, oar-p, oar-g, grail, entropy), each from
+one table.
 
     --method grpo        = grpo + none       (G1 broadcast to every token)
     --method dapo        = dapo + none       (DAPO's preset flags, D1-D4)
@@ -7,6 +7,7 @@ table.
     --method dapo+ktae   = dapo + ktae
     --method oar-p       = grpo + oar-p      (O6 with O2's perturbation scores)
     --method oar-g       = grpo + oar-g      (O6 with O3's gradient scores)
+    --method grail       = grpo + grail      (R6 with R3's gradient saliency of the rollout's own answer)
     --method entropy     = grpo + entropy    (E1: only the top 20 % of the batch's tokens by entropy learn)
     and any other BASE+RULE, e.g. dapo+oar-g.
 
@@ -34,6 +35,7 @@ from typing import Callable, NamedTuple, Optional
 import torch
 
 import entropy
+import grail
 import grpo
 import ktae
 import oar
@@ -110,6 +112,18 @@ def outcome_grounded(scorer: str):
     return rule
 
 
+def gradient_saliency(batch, rewards, mask, ctx) -> TokenAdvantages:
+    """GRAIL: R1-R5 weigh each token by how strongly the rollout's own boxed answer depends on it (the gradient of
+    the answer's log-likelihood to the input embeddings, times the embedding); R6 scales A_i by it. Scored in
+    float32 whatever --bf16 says, as OAR."""
+    a, seq = ctx.args, sequence_advantages(rewards, ctx)  # [N]
+    with sample.float32(ctx.model):
+        weights, _ = grail.batch_weights(ctx.model, batch, seq, mask, ctx.tokenizer, ctx.pieces,
+                                         temperature=a.temperature, symmetry=a.grail_symmetry, std=a.grail_std,
+                                         w_min=a.grail_min, w_max=a.grail_max, chunk=a.oar_chunk)  # [N, T]
+    return TokenAdvantages(grail.token_advantages(seq, weights, mask), seq, weights)  # [N, T]
+
+
 def high_entropy(batch, rewards, mask, ctx) -> TokenAdvantages:
     """E1, the high-entropy minority: A_{i,t} = A_i on the top share of the batch's tokens by sampling entropy
     (--top-entropy-quantile), 0 elsewhere. The heat maps' values: the entropy."""
@@ -153,15 +167,22 @@ def _ktae_check(args):
                 "method without ktae, or keep one of the two")
 
 
+def _grail_check(args):
+    if not args.grail_min <= 1 <= args.grail_max:
+        return (f"--grail-min {args.grail_min} / --grail-max {args.grail_max}: R5 clips around 1, so "
+                f"grail-min <= 1 <= grail-max")
+
+
 def _oar_defaults(probe: str):
     """O1's probe of the variant; the conclude cue is the data's own (data.Dataset.cue), the scoring chunk the
     model's (a small model takes every rollout in one forward)."""
     return lambda dataset, model: {"oar_probe": probe, "oar_cue": dataset.cue, "oar_chunk": models.oar_chunk(model)}
 
 
-# heat maps: KTAE's values around 0 (K6's range is -1..1), OAR's weights around 1 (O5's boost is --oar-beta), E1's
-# entropies around the batch's threshold tau. blame: KTAE's most negative key-token value, OAR's highest weight (a
-# wrong rollout's advantage is negative, so its largest weight takes the most blame), E1's highest entropy.
+# heat maps: KTAE's values around 0 (K6's range is -1..1), OAR's and GRAIL's weights around 1 (O5's boost is
+# --oar-beta; R5 clips to 0.5..5), E1's entropies around the batch's threshold tau. blame: KTAE's most negative
+# key-token value, OAR's and GRAIL's highest weight (a wrong rollout's advantage is negative, so its largest weight
+# takes the most blame), E1's highest entropy.
 RULES = {
     "none": Rule(none, reads_scores=False),
     "ktae": Rule(key_tokens, check=_ktae_check, reads_scores=False,
@@ -173,6 +194,10 @@ RULES = {
     "oar-g": Rule(outcome_grounded("gradient"), defaults=_oar_defaults("answer_mean"), reads_scores=False,
                   scoring="backward",
                   heatmap=lambda adv, batch, mask, args: HeatMap("oar", "OAR weights", 1.0, args.oar_beta),
+                  blame=lambda adv, batch, mask, args: adv.values),
+    "grail": Rule(gradient_saliency, defaults=lambda dataset, model: {"oar_chunk": models.oar_chunk(model)},
+                  check=_grail_check, reads_scores=False, scoring="backward",
+                  heatmap=lambda adv, batch, mask, args: HeatMap("grail", "GRAIL weights", 1.0, 1.0),
                   blame=lambda adv, batch, mask, args: adv.values),
     "entropy": Rule(high_entropy, blame=lambda adv, batch, mask, args: adv.values,
                     heatmap=lambda adv, batch, mask, args: HeatMap("entropy", "sampling entropy",

@@ -209,24 +209,44 @@ def token_weights(model, prompts: list, responses: list, pieces: list, answers: 
 
     prompts: the prompt token ids of each rollout (unpadded); responses: its response ids without EOS; pieces:
     their decoded texts; answers: the gold answer's ids followed by "}"; cue: the conclude cue's ids.
-    The model is scored in eval mode and left in the mode it was in.
     """
     weights = torch.ones((len(responses), T), device=adv_seq.device)  # [N, T]
     todo = [i for i in range(len(responses)) if adv_seq[i] != 0]
-    if not todo:
-        return weights
     lengths = {i: reasoning_length(pieces[i]) for i in todo}
-    # Rollouts of similar length after the prompt share a forward (less padding), `chunk` at a time; those with the
-    # same prompt run it once (groups). OAR-G needs gradients for the embeddings only: the parameters stop requiring
-    # them meanwhile, so their .grad cannot be touched and the backward skips the weight gradients it would
-    # otherwise compute and throw away.
-    todo.sort(key=lambda i: lengths[i] + len(answers[i]))
+
+    def score(ids, attn, reason, probe_mask, P, forward):  # O2 or O3, then O4-O5: weights [n, L]
+        if scorer == "perturb":
+            scores = perturbation_scores(model, ids, attn, reason, probe_mask, pad_id, probe, chunk, forward)
+        else:
+            scores = gradient_scores(model, ids, attn, reason, probe_mask, probe, sigma, forward)
+        return reshape(normalise(scores, reason), reason, q, beta)  # [n, L]
+
+    for i, (wt, reason) in score_in_chunks(model, todo, prompts, responses, lengths, cue, answers, pad_id, chunk,
+                                           score).items():
+        weights[i, :lengths[i]] = wt[reason.bool()]  # the reasoning tokens are the first R of each response
+    return weights
+
+
+def score_in_chunks(model, todo: list, prompts: list, responses: list, lengths: dict, cue: list, answers: list,
+                    pad_id: int, chunk: int, score, prompt_gradient: bool = False) -> dict:
+    """The machinery O2, O3 and GRAIL's saliency (grail.py) share. Each rollout i of todo becomes the row prompt +
+    its first lengths[i] response tokens + cue + answers[i] (build_inputs); rollouts of similar length share a
+    forward, `chunk` at a time, and those with the same prompt run it once where the model allows it
+    (fastpath.prompt_sharing; all of it but its last token with prompt_gradient, for a gradient to reach that token).
+    score(ids, attn, reason, probe, P, forward) -> [n, L] for each chunk, forward the prompt-sharing one or None.
+    The model scores in eval mode with no parameter requiring a gradient, so that a backward reaches the embeddings
+    alone and skips the weight gradients it would compute and throw away; it is left as it was.
+    Returns {i: (its row of the scores [L], its reasoning mask [L])}."""
+    if not todo:
+        return {}
+    todo = sorted(todo, key=lambda i: lengths[i] + len(answers[i]))  # similar lengths together: less padding
     prompt_id = {}
     groups = {i: prompt_id.setdefault(tuple(prompts[i]), len(prompt_id)) for i in todo}
-    dev, was_training = adv_seq.device, model.training
+    dev, was_training = next(model.parameters()).device, model.training
     needs_grad = [p.requires_grad for p in model.parameters()]
     model.eval()
     model.requires_grad_(False)
+    out = {}
     try:
         for s in range(0, len(todo), chunk):
             part = todo[s:s + chunk]
@@ -236,27 +256,22 @@ def token_weights(model, prompts: list, responses: list, pieces: list, answers: 
             ids, attn, reason, probe_mask = ids.to(dev), attn.to(dev), reason.to(dev), probe_mask.to(dev)
             g = torch.tensor([groups[i] for i in part], device=dev)  # [n]
             # each prompt runs once where the model allows it (speed only: the same scores, tests/test_oar.py)
-            fast = fastpath.prompt_sharing(model, ids, attn, sample.position_ids(attn), P, g)
-            if scorer == "perturb":
-                scores = perturbation_scores(model, ids, attn, reason, probe_mask, pad_id, probe, chunk, fast)  # [n, L]
-            else:
-                scores = gradient_scores(model, ids, attn, reason, probe_mask, probe, sigma, fast)  # [n, L]
-            wt = reshape(normalise(scores, reason), reason, q, beta)  # [n, L]
-            for j, i in enumerate(part):  # the reasoning tokens are the first R of each response
-                weights[i, :lengths[i]] = wt[j][reason[j].bool()]
+            shared = P - 1 if prompt_gradient else P  # the columns the forwards take from the prompts' cache
+            fast = fastpath.prompt_sharing(model, ids, attn, sample.position_ids(attn), shared, g) if shared else None
+            scores = score(ids, attn, reason, probe_mask, P, fast)  # [n, L]
+            out.update({i: (scores[j], reason[j]) for j, i in enumerate(part)})
     finally:
         model.train(was_training)
         for p, r in zip(model.parameters(), needs_grad):
             p.requires_grad_(r)
-    return weights
+    return out
 
 
-def batch_weights(model, batch: dict, answers: list, cue: list, adv_seq, tokenizer, pieces: dict, *, scorer: str,
-                  probe: str, q: float, beta: float, sigma: float, chunk: int):
-    """O1-O5 (token_weights) for a batch of sample.generate(): weights [N, T]. Each rollout's inputs come from its
-    sampled ids: the prompt's tokens (padding removed), the response before the EOS, and each token's decoded text for
-    the spans (pieces caches token id -> text across steps). answers: the gold answer's ids and "}" per rollout; cue:
-    the conclude cue's ids; adv_seq [N]. The spans need per-row lengths, hence Python lists from here on."""
+def rollouts(batch: dict, tokenizer, pieces: dict) -> tuple:
+    """What a rule that scores each rollout with the model reads of a batch of sample.generate(), from its sampled
+    ids: (prompts, responses, texts): each rollout's prompt tokens (padding removed), its response before the EOS,
+    and each response token's decoded text for the spans (pieces caches token id -> text across steps). The spans
+    need per-row lengths, hence Python lists."""
     P, mask = batch["prompt_len"], batch["response_mask"]  # [N, T]
     ids, attn = batch["input_ids"].tolist(), batch["attention_mask"].tolist()
     n_resp = (mask.sum(-1) - (~batch["truncated"]).long()).tolist()  # response tokens before the EOS
@@ -264,8 +279,15 @@ def batch_weights(model, batch: dict, answers: list, cue: list, adv_seq, tokeniz
     responses = [row[P:P + n] for row, n in zip(ids, n_resp)]
     for t in {t for r in responses for t in r} - pieces.keys():
         pieces[t] = tokenizer.decode([t])
-    texts = [[pieces[t] for t in r] for r in responses]
-    return token_weights(model, prompts, responses, texts, answers, cue, adv_seq, mask.shape[1],
+    return prompts, responses, [[pieces[t] for t in r] for r in responses]
+
+
+def batch_weights(model, batch: dict, answers: list, cue: list, adv_seq, tokenizer, pieces: dict, *, scorer: str,
+                  probe: str, q: float, beta: float, sigma: float, chunk: int):
+    """O1-O5 (token_weights) for a batch of sample.generate(): weights [N, T]. answers: the gold answer's ids and
+    "}" per rollout; cue: the conclude cue's ids; adv_seq [N]."""
+    prompts, responses, texts = rollouts(batch, tokenizer, pieces)
+    return token_weights(model, prompts, responses, texts, answers, cue, adv_seq, batch["response_mask"].shape[1],
                          tokenizer.pad_token_id, scorer=scorer, probe=probe, q=q, beta=beta, sigma=sigma, chunk=chunk)
 
 

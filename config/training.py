@@ -101,11 +101,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--oar-probe", choices=["last", "answer_mean"], default=None,
                    help="O1 outcome probe (oar-p: last; oar-g: answer_mean)")
     p.add_argument("--oar-chunk", type=int, default=None,
-                   help="sequences per scoring forward (O2: perturbed copies; O3: rollouts); default 64 on the tiny "
-                        "model, 8 for other models (OAR-G keeps every layer's activations)")
+                   help="sequences per scoring forward (O2: perturbed copies; O3 and GRAIL: rollouts); default 64 on "
+                        "the tiny model, 8 for other models (a backward keeps every layer's activations)")
     p.add_argument("--oar-cue", default=None,
                    help="the conclude cue appended after the reasoning (default: the data's; the tiny world's own "
                         "'\\boxed{', OAR's sentence elsewhere: EQUATIONS.md#oar-spans)")
+    # GRAIL (grail.py R1-R6; its scoring chunk is --oar-chunk's)
+    p.add_argument("--grail-symmetry", choices=["wrong", "correct", "both"], default="wrong",
+                   help="R5: the rollouts weighted by saliency: of negative advantage (the authors' default), positive, "
+                        "or both; the others keep weight 1 but on their box")
+    p.add_argument("--grail-std", type=number, default=0.5, help="R5: w = 1 + std z before the clip")
+    p.add_argument("--grail-min", type=number, default=0.5, help="R5: the smallest weight")
+    p.add_argument("--grail-max", type=number, default=5.0, help="R5: the largest weight, and the box's content's")
     # the high-entropy minority (methods.py E1)
     p.add_argument("--top-entropy-quantile", type=number, default=0.2,
                    help="E1: the share of the batch's tokens, by sampling entropy, that the entropy rule trains on")
@@ -201,7 +208,8 @@ def check(args):
     if args.group_size < 2:  # G1 divides by the group's standard deviation, which needs two rollouts
         raise Refused(f"--group-size {args.group_size}: must be at least 2 (G1 compares rollouts within a group)")
     positive = {"lr": args.lr, "temperature": args.temperature, "grad_clip": args.grad_clip,
-                "oar_sigma": args.oar_sigma, "ktae_top": args.ktae_top}
+                "oar_sigma": args.oar_sigma, "ktae_top": args.ktae_top, "grail_std": args.grail_std,
+                "grail_min": args.grail_min}
     for name, value in positive.items():
         if not value > 0:
             raise Refused(f"--{name.replace('_', '-')} {value}: must be greater than 0")

@@ -197,11 +197,12 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
         scored = oar_chunk * (max_new_tokens + 16)
         plan["advantage"] = {
             **states,
-            f"OAR's KV cache: {oar_chunk} rows x {prompt_len + max_new_tokens + 16} tokens":
+            f"the rule's scoring KV cache: {oar_chunk} rows x {prompt_len + max_new_tokens + 16} tokens":
                 oar_chunk * (prompt_len + max_new_tokens + 16) * L * 2 * kv * 4,
-            **({f"OAR-G's activations: {oar_chunk} rows x {max_new_tokens + 16} tokens (float32)":
+            **({f"its backward's activations (OAR-G, GRAIL): {oar_chunk} rows x {max_new_tokens + 16} tokens "
+                f"(float32)":
                 scored * L * per_layer * 4} if oar_gradient else {}),
-            "OAR's output layer, a few columns a row": 3 * oar_chunk * 4 * V * 4,
+            "its output layer, a few columns a row (OAR's probe, GRAIL's box)": 3 * oar_chunk * 4 * V * 4,
         }
         if lora_rank and bf16 and n["output layer"]:  # sample.float32 upcasts a bf16 layer's weight per product:
             # the untied output layer's is the largest, and OAR scores with it in float32

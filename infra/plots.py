@@ -33,6 +33,14 @@ LEGENDS = {
         "more of the blame.</b><br>Only the reasoning is scored: the boxed answer and EOS keep weight 1 and stay "
         "uncoloured, and so does every token of a rollout whose advantage is 0 (its group all right or all "
         "wrong)."),
+    "grail": (
+        "Colour: the token's GRAIL weight (R5): how strongly the rollout's own boxed answer depends on the input "
+        "that predicts the token (the gradient of the answer's log-likelihood times the embedding), standardised "
+        "within the rollout and clipped to 0.5..5. <b>Green</b>: above 1 (full colour at {hi:g}); <b>red</b>: below "
+        "1 (full colour at {lo:g}); <b>no colour</b>: 1. A token's advantage is its rollout's sequence advantage "
+        "<i>times</i> this weight: <b>in a rollout with reward 0 green means more of the blame.</b><br>By default only "
+        "rollouts of negative advantage are weighted; in every rollout with a box, the box's content has weight 5 and "
+        "its marker, closing brace and what follows 1."),
     "entropy": (
         "Colour: the entropy of the distribution the token was sampled from (nats), centred on the batch's "
         "threshold {centre:.3g} (E1), full colour at &plusmn;{scale:g} from it. <b>Green</b>: at or above the "

@@ -75,7 +75,7 @@ def ours(method, model, tok, problems, batch, rewards):
     return methods.RULES[args.rule].advantages(batch, rewards, batch["response_mask"], ctx)
 
 
-@pytest.mark.parametrize("method,rel", [("ktae", 1e-6), ("oar-p", 1e-5), ("oar-g", 1e-5)])
+@pytest.mark.parametrize("method,rel", [("ktae", 1e-6), ("oar-p", 1e-5), ("oar-g", 1e-5), ("grail", 1e-5)])
 def test_advantages_handed_to_trl_are_ours(fixed, tmp_path, monkeypatch, method, rel):
     model, tok, problems, batch, rewards = fixed
     trainer = trainer_for(method, model, tok, problems, tmp_path)
