@@ -159,6 +159,9 @@ class Rule:
     # How the rule runs the policy itself, each rollout alone (OAR): "forward" (OAR-P) or "backward" (OAR-G, to the
     # embeddings); None when it does not. TRL splits that work across processes; the memory plan counts it.
     scoring: str = None
+    # Whether the rule's values need the rollout's group (KTAE's K2 counts tokens over it): an answer made elsewhere,
+    # with no group, is scored only by the rules that need none (tools/attribution.py --responses)
+    needs_group: bool = False
 
 
 def _ktae_check(args):
@@ -185,7 +188,7 @@ def _oar_defaults(probe: str):
 # takes the most blame), E1's highest entropy.
 RULES = {
     "none": Rule(none, reads_scores=False),
-    "ktae": Rule(key_tokens, check=_ktae_check, reads_scores=False,
+    "ktae": Rule(key_tokens, check=_ktae_check, reads_scores=False, needs_group=True,
                  heatmap=lambda adv, batch, mask, args: HeatMap("ktae", "key-token values", 0.0, 1.0),
                  blame=lambda adv, batch, mask, args: -adv.values),
     "oar-p": Rule(outcome_grounded("perturb"), defaults=_oar_defaults("last"), reads_scores=False, scoring="forward",

@@ -49,11 +49,11 @@ LEGENDS = {
 }
 
 
-def _style(value: float, centre: float, scale: float) -> str:
+def style(value: float, centre: float, scale: float) -> str:
     """The inline style of a token: '' near the centre, else a pastel background and a 3px underline, both as
     strong as |value - centre| / scale (the underline's opacity that ratio itself, so weak values are not underlined
-    as if they mattered). _style(1.0, 0, 1) == 'background:rgba(0,160,0,0.450);border-bottom:3px solid
-    rgba(0,160,0,1.000)'; _style(-0.5, 0, 1) == 'background:rgba(220,0,0,0.225);border-bottom:3px solid
+    as if they mattered). style(1.0, 0, 1) == 'background:rgba(0,160,0,0.450);border-bottom:3px solid
+    rgba(0,160,0,1.000)'; style(-0.5, 0, 1) == 'background:rgba(220,0,0,0.225);border-bottom:3px solid
     rgba(220,0,0,0.500)'."""
     x = max(-1.0, min(1.0, (value - centre) / scale))
     if abs(x) < 0.01:
@@ -64,8 +64,8 @@ def _style(value: float, centre: float, scale: float) -> str:
 
 
 def _attr(value: float, centre: float, scale: float) -> str:
-    style = _style(value, centre, scale)
-    return f' style="{style}"' if style else ""
+    css = style(value, centre, scale)
+    return f' style="{css}"' if css else ""
 
 
 def _token(text: str) -> str:
@@ -148,12 +148,12 @@ def curves(path: str, key: str, runs: dict, ylabel: str = None, title: str = Non
         window = smooth if smooth is not None else (max(2, len(steps) // 10) if len(steps) > 20 else 1)
         windows.add(window)
         colour = f"C{j % 10}"
-        style = dict(color=colour, linestyle=STYLES[j % len(STYLES)], marker=MARKERS[j % len(MARKERS)],
+        look = dict(color=colour, linestyle=STYLES[j % len(STYLES)], marker=MARKERS[j % len(MARKERS)],
                      markevery=max(1, len(steps) // 8), markersize=5, linewidth=1.8)
         if window > 1:
             ax.plot(steps, mean, color=colour, alpha=0.3, linewidth=0.8)  # raw, faint
             mean, low, high = (moving_average(x, window) for x in (mean, low, high))
-        ax.plot(steps, mean, label=method, **style)
+        ax.plot(steps, mean, label=method, **look)
         if len(seeds) > 1:
             ax.fill_between(steps, low, high, color=colour, alpha=0.12)
     ax.set_xlabel("step")

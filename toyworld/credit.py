@@ -29,6 +29,42 @@ def token_of_char(pieces: list, char: int) -> int:
     return len(pieces) - 1
 
 
+class Bisection:
+    """The search for the first unit (a token, a step) after which a response can no longer be completed correctly,
+    given the whole is not: the least k in 0..n-1 with viable(units 0..k) False, where viability only shrinks as k
+    grows, in at most log2(n) + 1 tests. One question at a time (probe, then tell), so that a caller can test the
+    prefixes of many responses together (epicprm.py batches its Monte Carlo tests so); first_failure runs one."""
+
+    def __init__(self, n: int):
+        self.lo, self.hi = 0, n - 1  # units 0..hi are not viable; every unit before lo is
+
+    def done(self) -> bool:
+        return self.lo >= self.hi
+
+    def probe(self) -> int:
+        """The k whose prefix (units 0..k) is to be tested next."""
+        return (self.lo + self.hi) // 2
+
+    def tell(self, viable: bool):
+        """The answer for probe(): whether units 0..probe() can still be completed correctly."""
+        if viable:
+            self.lo = self.probe() + 1
+        else:
+            self.hi = self.probe()
+
+    @property
+    def result(self) -> int:
+        return self.lo
+
+
+def first_failure(n: int, viable) -> int:
+    """Bisection over n units of which the whole is not viable: the least k with viable(k) False."""
+    search = Bisection(n)
+    while not search.done():
+        search.tell(viable(search.probe()))
+    return search.result
+
+
 def first_error(task, q: str, pieces: list):
     """The index of the first token of a response (its tokens' texts, EOS as tiny.EOS) after which no correct
     solution of q can follow, or None if the whole response is still a prefix of one (a truncated rollout).
@@ -37,14 +73,7 @@ def first_error(task, q: str, pieces: list):
     at most log2(n) + 1 calls of task.viable."""
     if task.viable(q, "".join(pieces)):
         return None
-    lo, hi = 0, len(pieces) - 1  # the prefix up to token hi is not viable; find the least such token
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if task.viable(q, "".join(pieces[:mid + 1])):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    return first_failure(len(pieces), lambda k: task.viable(q, "".join(pieces[:k + 1])))
 
 
 def attribution(blame: torch.Tensor, error: int) -> dict:

@@ -1,0 +1,130 @@
+"""The first wrong step of a wrong answer, by Monte Carlo, F1-F4 of EQUATIONS.md#first-wrong-step-by-monte-carlo.
+
+EpicPRM (Sun et al. 2025, "An Efficient and Precise Training Data Construction Framework for Process-supervised
+Reward Model in Mathematical Reasoning", arXiv 2503.02382; OmegaPRM and Math-Shepherd estimate the same thing): a
+prefix of a wrong solution is still sound if the model, continuing from it, often reaches the right answer; a
+bisection over the solution's steps finds the first step after which it no longer does. Here it is the ground
+truth against which every token rule's blame is scored on a real model (tools/attribution.py), where the synthetic
+tasks know theirs exactly (toyworld/credit.py: the same bisection, over the exact test).
+
+    F1 steps          a response's non-empty lines, each with its token span
+    F2 prefix_values  v(prefix) = the share of n continuations from the prompt and the prefix, sampled at the
+                      run's temperature, that the grader marks right
+    F3 locate         the first wrong step: the least k with v(steps 1..k) < v(question alone) / 2, by bisection
+                      (toyworld/credit.Bisection), the whole response (wrong) counted as below; refine: the first
+                      wrong token inside it, by a second bisection
+    F4 step_blame     a rule's per-token blame summed up to steps: the largest of a step's tokens, or their mean
+
+A worked example of F3: a wrong response of 5 steps, v(question) = 0.5, so the threshold is 0.25. The bisection
+tests steps 1..2 (v = 0.44: sound), then 1..3 (v = 0.06: below): the first wrong step is step 3, found with two
+tests of 16 continuations each, where testing every prefix would take four.
+"""
+import math
+
+import torch
+
+import sample
+from toyworld import credit
+
+
+def steps(pieces: list) -> list:
+    """F1. The steps of a response from its tokens' texts (EOS left out): its non-empty lines, as token spans
+    [(start, end), ...] covering every token. A token belongs to the line its first character lies on, so a token
+    that ends a line ("\n", ".\n\n") ends its step; a line of whitespace alone joins the step before it (the
+    first step, when it comes first).
+
+    steps(["7", "+", "8", "=", "1", "5", "\n", "\n", "1", "5", "\n"]) == [(0, 8), (8, 11)]
+    """
+    groups, line = [], 0  # [first token, end, the line its tokens' first characters lie on]
+    for t, p in enumerate(pieces):
+        if groups and groups[-1][2] == line:
+            groups[-1][1] = t + 1
+        else:
+            groups.append([t, t + 1, line])
+        line += p.count("\n")
+    spans = []
+    for a, b, _ in groups:
+        if spans and not "".join(pieces[a:b]).strip():
+            spans[-1][1] = b  # a blank line joins the step before it
+        elif spans and not "".join(pieces[spans[-1][0]:spans[-1][1]]).strip():
+            spans[-1][1] = b  # the first steps were blank: they join this one
+        else:
+            spans.append([a, b])
+    return [tuple(s) for s in spans]
+
+
+def prefix_values(model, prompts: list, prefixes: list, *, n: int, temperature: float, max_new_tokens: int,
+                  grade, decode, eos_id: int, pad_id: int, batch: int = 64) -> list:
+    """F2. v for each (prompt, prefix) pair, both token-id lists: the share of n continuations of prompt + prefix,
+    sampled at `temperature` with up to max_new_tokens new tokens, for which grade(the prefix's and continuation's
+    text) is True. The n continuations of a prefix run as one group of the sampler, the prefix's cache shared
+    (sample.generate); pairs are batched `batch` rows at a time. decode(ids) -> text of response tokens."""
+    values, per_call = [], max(1, batch // n)
+    for s in range(0, len(prompts), per_call):
+        pairs = list(zip(prompts[s:s + per_call], prefixes[s:s + per_call]))
+        out = sample.generate(model, [p + x for p, x in pairs], n=n, max_new_tokens=max_new_tokens,
+                              temperature=temperature, eos_id=eos_id, pad_id=pad_id)
+        P, m = out["prompt_len"], out["response_mask"]
+        for j, (_, prefix) in enumerate(pairs):
+            rows = range(j * n, (j + 1) * n)
+            texts = [decode(prefix + out["input_ids"][r, P:P + int(m[r].sum())].tolist()) for r in rows]
+            values.append(sum(bool(grade(t)) for t in texts) / n)
+    return values
+
+
+def standard_error(v: float, n: int) -> float:
+    """The Monte Carlo standard error of a share v of n: sqrt(v (1 - v) / n)."""
+    return math.sqrt(v * (1 - v) / n)
+
+
+class Locate:
+    """F3 for one wrong response: the first step k (0-based) with v(steps 0..k) below threshold, by bisection over
+    its steps (the whole response, wrong, is below without a test), then with refine the first token inside that
+    step below it (the prefix through the step before is above). probe() names the response tokens of the prefix
+    to test next (its length), tell(v) gives its value; tests records every (tokens, v)."""
+
+    def __init__(self, spans: list, threshold: float, refine: bool = False):
+        self.spans, self.threshold, self.refine = spans, threshold, refine
+        self.search, self.step, self.token, self.tests = credit.Bisection(len(spans)), None, None, []
+        self._settle()
+
+    def _settle(self):
+        """Move on when a bisection has nothing left to ask: from the steps to the step's tokens, then to done."""
+        if self.step is None and self.search.done():
+            self.step = self.search.result
+            a, b = self.spans[self.step]
+            self.search = credit.Bisection(b - a) if self.refine else None
+        if self.step is not None and self.search is not None and self.search.done():
+            self.token = self.spans[self.step][0] + self.search.result
+            self.search = None
+
+    def done(self) -> bool:
+        return self.search is None
+
+    def probe(self) -> int:
+        """How many response tokens the prefix to test holds."""
+        k = self.search.probe()
+        return self.spans[k][1] if self.step is None else self.spans[self.step][0] + k + 1
+
+    def tell(self, v: float):
+        self.tests.append((self.probe(), v))
+        self.search.tell(v >= self.threshold)
+        self._settle()
+
+
+def locate_all(locates: list, values) -> None:
+    """F3 for many responses at once: each round, every unfinished search's next prefix is tested in one batch.
+    locates: Locate objects; values(indices, lengths) -> their v, for the prefixes of those responses."""
+    while True:
+        active = [i for i, loc in enumerate(locates) if not loc.done()]
+        if not active:
+            return
+        for i, v in zip(active, values(active, [locates[i].probe() for i in active])):
+            locates[i].tell(v)
+
+
+def step_blame(blame: torch.Tensor, spans: list, how: str) -> torch.Tensor:
+    """F4. A rule's blame of each step from its tokens' blame [T]: the largest ("max") or the mean ("mean") over
+    the step's tokens. step_blame([0, 2, 1, 5], [(0, 2), (2, 4)], "max") == [2, 5]; "mean" == [1, 3]."""
+    reduce = {"max": lambda x: x.max(), "mean": lambda x: x.mean()}[how]
+    return torch.stack([reduce(blame[a:b].float()) for a, b in spans])  # [S]

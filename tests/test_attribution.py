@@ -1,0 +1,112 @@
+"""The first wrong step by Monte Carlo (epicprm.py, F1-F4) and tools/attribution.py at a small size: the bisection
+against every prefix tested in turn, the threshold, the steps of a response, the step blame, the prefix values on
+the tiny model, and a run of the command that writes, resumes and scores."""
+import json
+import math
+
+import torch
+
+import epicprm
+from conftest import THREADS
+from toyworld import credit, tiny
+from tools import attribution
+
+
+def test_the_bisection_finds_the_first_failure_in_at_most_log2_n_plus_1_tests():
+    # every monotone viability over n units (viable up to some k, not after; the last never) against the scan
+    def viable(k, asked, first_bad):
+        asked.append(k)
+        assert len(asked) <= 64, "the bisection does not end"
+        return k < first_bad
+
+    for n in range(1, 40):
+        for first_bad in range(n):
+            asked = []
+            got = credit.first_failure(n, lambda k: viable(k, asked, first_bad))
+            assert got == first_bad and len(asked) <= math.floor(math.log2(n)) + 1, (n, first_bad, asked)
+            assert n - 1 not in asked  # the whole is known not viable: never tested
+
+
+def test_f1_steps_are_the_non_empty_lines_as_token_spans():
+    # "7+8=15\n" "\n" "15-9=6\n": the blank line joins the step before it; a leading blank line the first step
+    assert epicprm.steps(["7", "+", "8", "=", "1", "5", "\n", "\n", "1", "5", "\n"]) == [(0, 8), (8, 11)]
+    assert epicprm.steps(["\n", "a", "\n", "b"]) == [(0, 3), (3, 4)]
+    # a token that ends a line (".\n\n") ends its step; trailing blanks join the last step
+    assert epicprm.steps(["So", " x", ".\n\n", "Then", " y", "\n", "  ", "\n"]) == [(0, 3), (3, 8)]
+    assert epicprm.steps(["one line"]) == [(0, 1)] and epicprm.steps([]) == []
+
+
+def test_f3_locates_the_first_step_below_half_the_question_value_by_bisection():
+    # 6 steps of 2 tokens each. v(question) = 0.8 -> threshold 0.4. v through steps 1..k (k = 1..5):
+    # 0.9 0.7 0.5 0.3 0.1; the whole response (step 6) is wrong. First below 0.4: step 4 (index 3).
+    spans = [(2 * k, 2 * k + 2) for k in range(6)]
+    v = {2: 0.9, 4: 0.7, 6: 0.5, 8: 0.3, 10: 0.1}  # prefix tokens -> v
+    loc = epicprm.Locate(spans, 0.8 / 2)
+    while not loc.done():
+        loc.tell(v[loc.probe()])
+    assert loc.step == 3 and len(loc.tests) <= 3 and loc.token is None  # bisection: 3 tests, not 5
+    # half of v(question) is the threshold: at the question's own value (0.8) the first below would be step 2
+    loc = epicprm.Locate(spans, 0.8)
+    while not loc.done():
+        loc.tell(v[loc.probe()])
+    assert loc.step == 1
+    # refine: inside step 4 (tokens 6, 7), through token 6 is 0.45, so the first wrong token is 7
+    v_tok = {**v, 7: 0.45}
+    loc = epicprm.Locate(spans, 0.4, refine=True)
+    while not loc.done():
+        loc.tell(v_tok[loc.probe()])
+    assert (loc.step, loc.token) == (3, 7)
+    # many at once: locate_all asks each unfinished search's prefix in one round
+    rounds = []
+    locs = [epicprm.Locate(spans, 0.4), epicprm.Locate(spans[:2], 0.4)]
+    epicprm.locate_all(locs, lambda idx, lengths: rounds.append(idx) or [v[n] for n in lengths])
+    assert [x.step for x in locs] == [3, 1] and rounds[0] == [0, 1]  # both asked in the first round
+
+
+def test_f4_step_blame_is_the_max_or_the_mean_of_its_tokens():
+    blame = torch.tensor([0.0, 2.0, 1.0, 5.0, 3.0])
+    spans = [(0, 2), (2, 5)]
+    assert epicprm.step_blame(blame, spans, "max").tolist() == [2.0, 5.0]
+    assert epicprm.step_blame(blame, spans, "mean").tolist() == [1.0, 3.0]  # (0 + 2) / 2, (1 + 5 + 3) / 3
+
+
+def test_f2_prefix_values_continue_the_prefix_and_grade_the_whole_text(base):
+    # n continuations of prompt + prefix, each graded on the prefix's text and its own: every text starts with the
+    # prefix (v = 1); none is a thousand characters longer (v = 0); a share in between counts the right ones
+    model, tok = base
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompt, prefix = enc(tiny.prompt("7+8-9")), enc("7+8=15\n")
+    common = dict(n=6, temperature=1.0, max_new_tokens=24, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                  eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch=12)
+    torch.manual_seed(0)
+    assert epicprm.prefix_values(model, [prompt] * 3, [prefix] * 3, grade=lambda t: t.startswith("7+8=15\n"),
+                                 **common) == [1.0] * 3
+    assert epicprm.prefix_values(model, [prompt], [prefix], grade=lambda t: len(t) > 1000, **common) == [0.0]
+    texts = []
+    v = epicprm.prefix_values(model, [prompt], [prefix], grade=lambda t: texts.append(t) or "\\boxed{6}" in t,
+                              **common)
+    assert len(texts) == 6 and v == [sum("\\boxed{6}" in t for t in texts) / 6]
+
+
+def test_the_command_locates_scores_and_resumes_on_the_tiny_world(base, tmp_path, capsys):
+    # the tiny task's first problems, a few continuations: every located line has its steps, probes and each rule's
+    # scores against both truths; a second run finds every problem done and writes the same lines
+    out = tmp_path / "att"
+    flags = ["--model", "tiny", "--dataset", "tiny", "--limit", "4", "--n", "4", "--threads", str(THREADS),
+             "--rules", "none,ktae,grail", "--out", str(out)]
+    attribution.main(flags)
+    lines = [json.loads(x) for x in open(out / "rollouts.jsonl")]
+    rows = [x for x in lines if "rollout" in x]
+    assert [x["problem"] for x in lines if x.get("done")] == [0, 1, 2, 3]
+    assert rows, "no wrong rollout in a mixed group in these problems: nothing was located"
+    for r in rows:
+        k, S = r["first_wrong_step"], len(r["steps"])
+        assert 0 <= k < S and S >= 2 and r["threshold"] == r["v0"] / 2
+        assert set(r["scores"]) == {"position", "surprisal", "none", "ktae", "grail"} == set(r["scores_exact"])
+        assert r["scores"]["none"]["max"]["auc"] == 0.5  # uniform blame: the chance level
+        below = [p for p in r["probes"] if p["v"] < r["threshold"]]  # F3: the step's own prefix is below, if tested
+        assert all(p["tokens"] >= r["steps"][k]["tokens"][1] for p in below)
+    assert (out / "table.md").exists() and (out / "auc.png").exists() and (out / "rollouts.html").exists()
+    assert "against the exact first error" in capsys.readouterr().out
+    attribution.main(flags)
+    assert [json.loads(x) for x in open(out / "rollouts.jsonl")] == lines

@@ -1,0 +1,468 @@
+"""Which tokens matter, measured: every token rule's blame against the first wrong step of a model's own wrong
+answers, located by Monte Carlo (epicprm.py, F1-F4; EQUATIONS.md#first-wrong-step-by-monte-carlo).
+
+    python -m tools.attribution --model tiny --dataset chain --limit 64 --threads 2   # the tiny world: MC against
+                                                                                      # the exact first error
+    python -m tools.attribution --model qwen2.5-coder-0.5b --dataset gsm8k --limit 40 --threads 2
+    python -m tools.attribution --model qwen2.5-coder-0.5b --responses answers.jsonl  # answers made elsewhere
+
+For each problem: G rollouts sampled at --temperature; a group that mixes right and wrong answers (the only kind
+where KTAE, OAR and GRAIL give credit) has each wrong rollout's first wrong step located (F3: v of the question
+alone with n continuations, then a bisection over the steps, every rollout of the group probed in one batch), and
+every rule of methods.RULES scores the group with its own advantages and Rule.blame, summed up to steps (F4, the
+max and the mean of a step's tokens). Beside them, the baselines any attribution must beat: uniform (the "none"
+rule, GRPO: chance), position (later steps more) and surprisal (-log p of the sampled token). On the synthetic
+tasks the exact first error (toyworld/credit.py) is scored too, side by side.
+
+OUT (--out, default runs/attribution-MODEL-DATASET) holds rollouts.jsonl (a line per rollout as it is done, and a
+line per problem when its group is: a killed run continues where it stopped, and the table can be recomputed from
+it), table.md (the printed table: per rule and aggregation hit@1, hit@3, AUC and mean rank with 95 % bootstrap
+intervals over rollouts), auc.png, and rollouts.html (the first wrong step marked, each rule's step blame coloured).
+--responses FILE takes answers made elsewhere instead of sampling (JSON lines of question, answer, response): they
+have no group, so only the rules that need none (methods.Rule.needs_group) score them.
+"""
+import argparse
+import html
+import json
+import os
+import random
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+import data
+import epicprm
+import methods
+import reward
+import sample
+from config import shared, training
+from infra import models, plots
+from toyworld import credit
+
+HOWS = ("max", "mean")  # F4's aggregations
+BASELINES = ("position", "surprisal")  # beside the rules; uniform blame is the rule "none"
+METRICS = ("hit1", "hit3", "auc", "rank")  # toyworld/credit.attribution's, at the level of steps
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="every token rule's blame against the first wrong step (tools.attribution)")
+    shared.add_shared_flags(p)
+    p.add_argument("--dataset", default=data.DEFAULT, help="the problems: tiny, chain, gsm8k, math500, a .jsonl file")
+    p.add_argument("--responses", default=None,
+                   help="JSON lines of question, answer and response: locate these answers' first wrong step instead "
+                        "of sampling (the rules that need a group are not scored)")
+    p.add_argument("--out", default=None, help="default: runs/attribution-MODEL-DATASET")
+    p.add_argument("--limit", type=int, default=32, help="problems (or responses) to take, from the first")
+    p.add_argument("--seed", type=int, default=0, help="the sampling of each problem's group and probes")
+    p.add_argument("--group-size", type=int, default=8, help="G, rollouts per problem")
+    p.add_argument("--temperature", type=shared.number, default=1.0,
+                   help="of the rollouts and of the continuations (F2)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="a rollout's and a continuation's length limit (default: the data's; 512 for a real model)")
+    p.add_argument("--n", type=int, default=16, help="F2: continuations per probed prefix (EpicPRM's least: 16)")
+    p.add_argument("--refine", action="store_true", help="F3: then the first wrong token inside the step")
+    p.add_argument("--rules", default=",".join(methods.RULES),
+                   help="the rules scored (methods.RULES), comma-separated")
+    p.add_argument("--oar-p-limit", type=int, default=None,
+                   help="score rules that run a forward per response token (methods.Rule.scoring 'forward': OAR-P) on "
+                        "the groups of the first N located rollouts only")
+    p.add_argument("--batch", type=int, default=64, help="rows per sampling call (probes x n)")
+    return p
+
+
+def check(p, args):
+    with shared.as_errors_of(p):
+        shared.check_shared(args)
+        shared.check_seed(args.seed)
+        shared.at_least(args, {"limit": 1, "group_size": 2, "n": 1, "batch": 1, "max_new_tokens": 1,
+                               "oar_p_limit": 0})
+    if not args.temperature >= shared.MIN_TEMPERATURE:
+        p.error(f"--temperature {args.temperature}: must be at least {shared.MIN_TEMPERATURE}")
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+    for r in rules:
+        if r not in methods.RULES:
+            p.error(f"--rules: unknown rule {r!r} (choose from {', '.join(methods.RULES)})")
+    if args.responses and not os.path.isfile(args.responses):
+        p.error(f"--responses {args.responses}: no such file")
+    args.rules = rules
+    return args
+
+
+class World:
+    """What the run samples with and grades by: the model, its tokenizer, the problems' prompts and the task."""
+
+    def __init__(self, args):
+        self.args = args
+        self.task = data.dataset(args.dataset).world  # the synthetic tasks' exact first errors, else None
+        # float32 weights, sampling under bf16 autocast where --bf16 (as train.py): the rules score in float32
+        self.model, self.tok, _ = models.load_model(args.model, world=self.task)
+        self.model.to(args.device).eval()
+        self.pieces = {}  # token id -> its text
+
+    def text(self, ids) -> str:
+        return self.tok.decode(ids, skip_special_tokens=True)
+
+    def piece_list(self, ids) -> list:
+        for t in set(ids) - self.pieces.keys():
+            self.pieces[t] = self.tok.decode([t])
+        return [self.pieces[t] for t in ids]
+
+    def values(self, prompts: list, prefixes: list) -> list:
+        """F2 for (prompt, prefix) pairs, graded against the prompt's gold answer (prompts: (ids, gold) pairs)."""
+        a = self.args
+        out = []
+        for gold in {g for _, g in prompts}:  # one grader a gold answer
+            idx = [i for i, (_, g) in enumerate(prompts) if g == gold]
+            with sample.autocast(a.device, a.bf16):
+                vs = epicprm.prefix_values(self.model, [prompts[i][0] for i in idx], [prefixes[i] for i in idx],
+                                           n=a.n, temperature=a.temperature, max_new_tokens=a.max_new_tokens,
+                                           grade=lambda t, g=gold: reward.is_correct(t, g) is True, decode=self.text,
+                                           eos_id=self.tok.eos_token_id, pad_id=self.tok.pad_token_id, batch=a.batch)
+            out += list(zip(idx, vs))
+        return [v for _, v in sorted(out)]
+
+
+def rule_settings(world: World, rule: str):
+    """train.py's settings for grpo + rule on this model and data (the rule's presets, its checks)."""
+    a = world.args
+    method = "grpo" if rule == "none" else rule
+    return training.parse_args_one_line([], method=method, model=a.model, dataset=a.dataset, group_size=a.group_size,
+                                        max_new_tokens=a.max_new_tokens, temperature=a.temperature, device=a.device,
+                                        bf16=a.bf16)
+
+
+def blames(world: World, batch: dict, problem: dict, correct: list, rules: list) -> dict:
+    """Each rule's per-token blame [G, T] of the group's rollouts (methods.Rule.blame of its own advantages), and the
+    baselines': position (the token's index) and surprisal (-log p of the sampled token, at the sampling
+    temperature)."""
+    rewards = torch.tensor([correct], dtype=torch.float)  # [1, G]
+    mask = batch["response_mask"]
+    out = {"position": torch.arange(mask.shape[1], dtype=torch.float).expand(mask.shape),
+           "surprisal": -batch["logprobs"]}
+    for rule in rules:
+        args = rule_settings(world, rule)
+        ctx = methods.Context(args, world.model, world.tok, [problem], world.pieces)
+        torch.manual_seed(world.args.seed)  # OAR-G's noise
+        adv = methods.RULES[rule].advantages(batch, rewards, mask, ctx)
+        out[rule] = methods.RULES[rule].blame(adv, batch, mask, args).detach().float().cpu()
+    return out
+
+
+def scores(blame: dict, spans: list, step: int) -> dict:
+    """credit.attribution of the step `step` under each rule's step blame (F4, both aggregations)."""
+    return {rule: {how: credit.attribution(epicprm.step_blame(b, spans, how), step) for how in HOWS}
+            for rule, b in blame.items()}
+
+
+def locate(world: World, prompt: list, gold: str, responses: list, v0: float) -> list:
+    """F3 for the wrong responses (token-id lists, EOS left out) of one prompt: their Locate objects, located."""
+    spans = [epicprm.steps(world.piece_list(r)) for r in responses]
+    locs = [epicprm.Locate(s, v0 / 2, world.args.refine) for s in spans]
+    epicprm.locate_all(locs, lambda idx, lengths: world.values([(prompt, gold)] * len(idx),
+                                                                [responses[i][:n] for i, n in zip(idx, lengths)]))
+    return locs
+
+
+def record(world: World, i: int, j: int, problem: dict, ids: list, loc, v0: float, blame: dict, exact) -> dict:
+    """The JSON line of one located rollout: its steps, every probe, the first wrong step and every rule's blame."""
+    n, pieces = world.args.n, world.piece_list(ids)
+    tests = {length: v for length, v in loc.tests}
+    k, spans = loc.step, loc.spans
+    above = tests.get(spans[k - 1][1]) if k > 0 else v0  # the prefix before the step (None: not probed)
+    below = tests.get(spans[k][1])  # through the step (None: the last step, the wrong outcome itself)
+    row = {"problem": i, "rollout": j, "question": problem["question"], "gold": problem["answer"],
+           "response": "".join(pieces), "steps": [{"tokens": [a, b], "text": "".join(pieces[a:b])} for a, b in spans],
+           "v0": v0, "threshold": loc.threshold, "n": n, "probes": [{"tokens": t, "v": v} for t, v in loc.tests],
+           "first_wrong_step": k, "v_before": above, "v_at": below,
+           "se_before": None if above is None else epicprm.standard_error(above, n),
+           "se_at": None if below is None else epicprm.standard_error(below, n),
+           "first_wrong_token": loc.token,
+           "blame": {r: {how: epicprm.step_blame(b[:len(ids)], spans, how).tolist() for how in HOWS}
+                     for r, b in blame.items()},
+           "scores": scores({r: b[:len(ids)] for r, b in blame.items()}, spans, k)}
+    if exact is not None:  # the synthetic tasks: the exact first error's step, and the rules scored against it
+        row["exact_step"] = exact
+        row["scores_exact"] = scores({r: b[:len(ids)] for r, b in blame.items()}, spans, exact)
+    return row
+
+
+def exact_step(world: World, problem: dict, ids: list, spans: list):
+    """The step holding the exact first error (toyworld/credit.first_error), or None off the synthetic tasks."""
+    if world.task is None:
+        return None
+    token = credit.first_error(world.task, problem["question"], world.piece_list(ids))
+    return None if token is None else next(s for s, (a, b) in enumerate(spans) if a <= token < b)
+
+
+def sample_group(world: World, i: int, problem: dict):
+    """The group of problem i: G rollouts, graded; seeded by the problem, so a resumed run draws it again."""
+    a = world.args
+    torch.manual_seed(a.seed * 100_003 + i)
+    prompt = world.tok(problem["prompt"])["input_ids"]
+    with sample.autocast(a.device, a.bf16):
+        batch = sample.generate(world.model, [prompt], n=a.group_size, max_new_tokens=a.max_new_tokens,
+                                temperature=a.temperature, eos_id=world.tok.eos_token_id,
+                                pad_id=world.tok.pad_token_id)
+    P, m = batch["prompt_len"], batch["response_mask"]
+    ends = (m.sum(-1) - (~batch["truncated"]).long()).tolist()  # response tokens before the EOS
+    responses = [batch["input_ids"][r, P:P + e].tolist() for r, e in enumerate(ends)]
+    correct = [reward.is_correct(world.text(r), problem["answer"]) is True for r in responses]
+    return prompt, batch, responses, correct
+
+
+def run_problem(world: World, i: int, problem: dict, write, scored: dict) -> dict:
+    """Sample, locate and score one problem's group; write its lines. Returns the problem's line."""
+    a = world.args
+    prompt, batch, responses, correct = sample_group(world, i, problem)
+    line = {"problem": i, "done": True, "correct": sum(correct), "group": a.group_size}
+    if not 0 < sum(correct) < a.group_size:
+        return {**line, "mixed": False}
+    torch.manual_seed(a.seed * 100_003 + i + 1)
+    v0 = world.values([(prompt, problem["answer"])], [[]])[0]
+    wrong = [j for j in range(a.group_size) if not correct[j]]
+    short = [j for j in wrong if len(epicprm.steps(world.piece_list(responses[j]))) < 2]
+    line.update(mixed=True, v0=v0, wrong=len(wrong), one_step=len(short))
+    todo = [j for j in wrong if j not in short]
+    if v0 == 0 or not todo:  # the model cannot solve it from the question alone: nothing to locate against
+        return line
+    locs = locate(world, prompt, problem["answer"], [responses[j] for j in todo], v0)
+    rules = [r for r in a.rules if not (methods.RULES[r].scoring == "forward" and a.oar_p_limit is not None
+                                        and scored.get("forward", 0) >= a.oar_p_limit)]
+    blame = blames(world, batch, problem, correct, rules)
+    for j, loc in zip(todo, locs):
+        exact = exact_step(world, problem, responses[j], loc.spans)
+        write(record(world, i, j, problem, responses[j], loc, v0, {r: b[j] for r, b in blame.items()}, exact))
+    if any(methods.RULES[r].scoring == "forward" for r in rules):
+        scored["forward"] = scored.get("forward", 0) + len(todo)
+    return {**line, "located": len(todo)}
+
+
+def bootstrap(values: list, draws: int = 1000, seed: int = 0) -> tuple:
+    """(mean, low, high): the mean and its 95 % percentile bootstrap interval over the values."""
+    rng, n = random.Random(seed), len(values)
+    means = sorted(sum(rng.choice(values) for _ in range(n)) / n for _ in range(draws))
+    return sum(values) / n, means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+
+
+def summarise(rows: list, key: str = "scores") -> dict:
+    """{rule: {"n": rollouts, how: {metric: (mean, low, high)}}} over the located rollouts' lines that the rule
+    scored (a rule run on a subset, OAR-P under --oar-p-limit, has fewer)."""
+    rules = list(dict.fromkeys(r for row in rows for r in row[key]))
+    out = {}
+    for r in rules:
+        mine = [row[key][r] for row in rows if r in row[key]]
+        out[r] = {"n": len(mine), **{how: {m: bootstrap([x[how][m] for x in mine]) for m in METRICS} for how in HOWS}}
+    return out
+
+
+def table(summary: dict, title: str) -> str:
+    cell = lambda t: f"{t[0]:.3f} [{t[1]:.3f}, {t[2]:.3f}]"  # noqa: E731
+    lines = [f"**{title}**", "", "| rule | rollouts | steps | hit@1 | hit@3 | AUC | mean rank |",
+             "|---|---|---|---|---|---|---|"]
+    for rule, per in summary.items():
+        for how in HOWS:
+            lines.append(f"| {rule} | {per['n']} | {how} | " + " | ".join(cell(per[how][m]) for m in METRICS) + " |")
+    return "\n".join(lines)
+
+
+def plot(summary: dict, path: str, title: str):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rules = list(summary)
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    for k, how in enumerate(HOWS):
+        x = [r + (k - 0.5) * 0.3 for r in range(len(rules))]
+        mean, low, high = zip(*(summary[r][how]["auc"] for r in rules))
+        ax.errorbar(x, mean, yerr=[[m - lo for m, lo in zip(mean, low)], [hi - m for m, hi in zip(mean, high)]],
+                    fmt="os"[k], capsize=3, label=f"step blame: {how} of its tokens")
+    ax.axhline(0.5, color="grey", linestyle=":", linewidth=1, label="chance (uniform blame)")
+    ax.set_xticks(range(len(rules)), rules, rotation=20)
+    ax.set_ylabel("first-wrong-step AUC")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def page(rows: list, path: str, title: str, show: int = 30):
+    """rollouts.html: each rollout's steps, its first wrong step framed (and the exact one, on the synthetic tasks),
+    and each rule's step blame (the max of a step's tokens) coloured from 0 (none) to red (the rollout's most)."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
+             "body{font-family:sans-serif;margin:2em;max-width:70em} td{padding:2px 6px;vertical-align:top;"
+             "font-size:85%} .s{font-family:monospace;white-space:pre-wrap} .w{outline:3px solid #c00}"
+             " .x{outline:2px dashed #06c}</style></head><body>",
+             f"<h2>{html.escape(title)}</h2><p>A row a step: its text, then each rule's blame of it, red as strong as "
+             "the rule's largest blame in this rollout (min-max within the rollout). <span class='w'>Framed red</span>"
+             ": the first wrong step found by Monte Carlo (F3); <span class='x'>dashed blue</span>: the exact first "
+             "error (synthetic tasks).</p>"]
+    for row in rows[:show]:
+        rules = list(row["blame"])
+        norm = {}
+        for r in rules:
+            b = torch.tensor(row["blame"][r]["max"])
+            norm[r] = ((b - b.min()) / (b.max() - b.min())).tolist() if b.max() > b.min() else [0.0] * len(b)
+        parts.append(f"<h4>problem {row['problem']}, rollout {row['rollout']}: gold {html.escape(row['gold'])}; "
+                     f"v(question) {row['v0']:.2f}, first wrong step {row['first_wrong_step'] + 1}</h4><table>"
+                     "<tr><th>step</th>" + "".join(f"<th>{html.escape(r)}</th>" for r in rules) + "</tr>")
+        for s, step in enumerate(row["steps"]):
+            cls = " ".join(c for c, on in (("w", s == row["first_wrong_step"]), ("x", s == row.get("exact_step")))
+                           if on)
+            cells = "".join(f"<td style='{plots.style(-norm[r][s], 0, 1)}'>{row['blame'][r]['max'][s]:.3g}</td>"
+                            for r in rules)
+            parts.append(f"<tr><td class='s {cls}'>{html.escape(step['text'])}</td>{cells}</tr>")
+        parts.append("</table>")
+    with open(path, "w") as f:
+        f.write("".join(parts) + "</body></html>")
+
+
+def read_lines(path: str) -> list:
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by a kill: that problem runs again
+                break
+    return out
+
+
+def report(out: str, lines: list, world_task: bool, seconds: float = None) -> str:
+    rows = [x for x in lines if "rollout" in x]
+    problems = [x for x in lines if x.get("done")]
+    if not rows:
+        return "no located rollout"
+    mixed = [x for x in problems if x.get("mixed")]
+    acc = sum(x["correct"] for x in problems) / max(1, sum(x["group"] for x in problems))
+    zero = [x for x in mixed if x["v0"] == 0]
+    head = (f"{len(problems)} problems, sampled accuracy {acc:.3f}, {len(mixed)} mixed groups, {len(rows)} wrong "
+            f"rollouts located from {len({r['problem'] for r in rows})} problems (not located: "
+            f"{sum(x.get('one_step', 0) for x in mixed)} of one step, {sum(x['wrong'] for x in zero)} of the "
+            f"{len(zero)} problems whose v(question) is 0); {sum(len(r['steps']) for r in rows) / len(rows):.1f} steps "
+            f"a rollout")
+    if seconds:
+        head += f"; {seconds / len(rows):.1f} s a located rollout"
+    text = [head, "", table(summarise(rows), "against the first wrong step (Monte Carlo, F3)")]
+    if world_task:
+        exact = [r for r in rows if r.get("exact_step") is not None]
+        same = sum(r["exact_step"] == r["first_wrong_step"] for r in exact)
+        near = sum(abs(r["exact_step"] - r["first_wrong_step"]) <= 1 for r in exact)
+        text[0] += (f"\nMonte Carlo against the exact first error, {len(exact)} rollouts: the same step "
+                    f"{same / len(exact):.3f}, within one step {near / len(exact):.3f}, missed "
+                    f"{1 - near / len(exact):.3f}")
+        text += ["", table(summarise(exact, "scores_exact"), "against the exact first error (toyworld/credit.py)")]
+    plot(summarise(rows), os.path.join(out, "auc.png"), f"first-wrong-step AUC, {len(rows)} rollouts (95 % CI)")
+    page(rows, os.path.join(out, "rollouts.html"), "first wrong step and each rule's blame")
+    return "\n".join(text)
+
+
+def main(argv=None):
+    p = parser()
+    args = p.parse_args(argv)
+    ds = data.dataset(args.dataset)
+    if args.max_new_tokens is None:
+        args.max_new_tokens = ds.max_new_tokens if ds.world else 512
+    args = check(p, args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = args.out or os.path.join("runs", f"attribution-{os.path.basename(args.model.rstrip('/'))}-"
+                                           f"{os.path.splitext(os.path.basename(args.responses or args.dataset))[0]}")
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "rollouts.jsonl")
+    done_lines = read_lines(path)
+    done = {x["problem"] for x in done_lines if x.get("done")}
+    with open(path, "w") as f:  # rewritten without a cut last line or an unfinished problem's rollouts
+        f.writelines(json.dumps(x) + "\n" for x in done_lines if x["problem"] in done)
+    problems = load(args, ds)
+    world = World(args)
+    for q in problems:
+        q.setdefault("prompt", ds.prompt(world.tok, q))
+    todo = [i for i in range(len(problems)) if i not in done]
+    G, n, L = args.group_size, args.n, args.max_new_tokens
+    print(f"{len(problems)} problems ({len(done)} done before), G = {G}, n = {n}: at most about "
+          f"{(G + n + G * 4 * n) * L:,} new tokens a problem (G rollouts, n for the question, about 4 probes of n "
+          f"for each wrong one, all to {L} tokens; most stop earlier)")
+    scored, t0 = {"forward": sum(1 for x in done_lines if "rollout" in x)}, time.time()
+    with open(path, "a") as f:
+        def write(line):
+            f.write(json.dumps(line) + "\n")
+            f.flush()
+        bar = tqdm(todo, desc="problems")
+        for i in bar:
+            line = (run_given if args.responses else run_problem)(world, i, problems[i], write, scored)
+            write(line)
+            bar.set_postfix(located=sum(1 for x in read_lines(path) if "rollout" in x))
+    text = report(out, read_lines(path), world.task is not None, time.time() - t0 if todo else None)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(f"`python -m tools.attribution {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n{text}\n")
+    print(text)
+    print(f"wrote {out}/rollouts.jsonl, table.md, auc.png, rollouts.html")
+
+
+def load(args, ds) -> list:
+    """The problems (or given answers) in order, their first --limit."""
+    if args.responses:
+        rows = []
+        for k, line in enumerate(open(args.responses), 1):
+            try:
+                row = json.loads(line)
+                rows.append({"question": str(row["question"]), "answer": str(row["answer"]),
+                             "response": str(row["response"]), "where": f"{args.responses}:{k}"})
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                print(f"{args.responses}:{k}: skipped ({type(e).__name__}: {e})", file=sys.stderr)
+        return rows[:args.limit]
+    problems, skipped = data.load(args.dataset, "test", args.data_dir, args.limit, flag="--dataset")
+    if not problems:
+        sys.exit(f"--dataset {args.dataset}: no usable problem" + (f": {skipped[0]}" if skipped else ""))
+    return problems
+
+
+def run_given(world: World, i: int, problem: dict, write, scored: dict) -> dict:
+    """--responses: locate the given answer's first wrong step, and score it by the rules that need no group: the
+    answer paired with a right one ("\\boxed{gold}") so that its advantage is negative, as in a mixed group."""
+    a = world.args
+    prompt = world.tok(problem["prompt"])["input_ids"]
+    ids = world.tok(problem["response"], add_special_tokens=False)["input_ids"]
+    line = {"problem": i, "done": True, "correct": int(reward.is_correct(problem["response"], problem["answer"])
+                                                        is True), "group": 1}
+    if line["correct"] or len(epicprm.steps(world.piece_list(ids))) < 2:
+        return {**line, "mixed": False}
+    torch.manual_seed(a.seed * 100_003 + i)
+    v0 = world.values([(prompt, problem["answer"])], [[]])[0]
+    line.update(mixed=True, v0=v0, wrong=1, one_step=0)
+    if v0 == 0:
+        return line
+    (loc,) = locate(world, prompt, problem["answer"], [ids], v0)
+    right = world.tok(f"\\boxed{{{problem['answer']}}}", add_special_tokens=False)["input_ids"]
+    batch = scored_batch(world, prompt, [ids, right])
+    rules = [r for r in a.rules if not methods.RULES[r].needs_group]
+    blame = blames(world, batch, problem, [False, True], rules)
+    write(record(world, i, 0, problem, ids, loc, v0, {r: b[0] for r, b in blame.items()}, None))
+    return {**line, "located": 1}
+
+
+def scored_batch(world: World, prompt: list, responses: list) -> dict:
+    """Given responses (token-id lists) of one prompt in sample.generate()'s layout, each ended by EOS, with the
+    log-prob and entropy of each token at the temperature from one forward (what the sampler would have kept)."""
+    eos, pad, T = world.tok.eos_token_id, world.tok.pad_token_id, max(len(r) for r in responses) + 1
+    rows = [r + [eos] + [pad] * (T - len(r) - 1) for r in responses]
+    ids = torch.tensor([prompt + r for r in rows], device=world.args.device)
+    mask = torch.tensor([[1] * (len(r) + 1) + [0] * (T - len(r) - 1) for r in responses], device=ids.device)
+    attn = torch.cat([torch.ones(len(rows), len(prompt), dtype=torch.long, device=ids.device), mask], 1)
+    with torch.no_grad():
+        logits = world.model(input_ids=ids, attention_mask=attn).logits[:, len(prompt) - 1:-1].float()
+        logp = torch.log_softmax(logits / world.args.temperature, -1)  # [N, T, V]
+        chosen = logp.gather(-1, ids[:, len(prompt):, None]).squeeze(-1)  # [N, T]
+        ent = -(logp.exp() * logp).sum(-1)  # [N, T]
+    return {"input_ids": ids, "attention_mask": attn, "response_mask": mask, "prompt_len": len(prompt),
+            "truncated": torch.zeros(len(rows), dtype=torch.bool), "logprobs": chosen * mask, "entropy": ent * mask}
+
+
+if __name__ == "__main__":
+    main()
