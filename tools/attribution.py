@@ -133,20 +133,32 @@ def rule_settings(world: World, rule: str):
                                         bf16=a.bf16)
 
 
-def blames(world: World, batch: dict, problem: dict, correct: list, rules: list) -> dict:
+def blames(world: World, batch: dict, problem: dict, correct: list, rules: list, rows: list = None) -> dict:
     """Each rule's per-token blame [G, T] of the group's rollouts (methods.Rule.blame of its own advantages), and the
     baselines': position (the token's index) and surprisal (-log p of the sampled token, at the sampling
-    temperature)."""
-    rewards = torch.tensor([correct], dtype=torch.float)  # [1, G]
+    temperature). rows: the rollouts whose blame is wanted (None: all). A rule that scores each rollout alone with
+    the model (methods.Rule.scoring: OAR, GRAIL) runs on those rows and one right rollout only, which keeps their
+    advantages' signs: its weights of a rollout depend on that rollout alone (the TRL path splits them so too), and
+    OAR-P's forward per response token would otherwise be spent on rollouts no one reads."""
     mask = batch["response_mask"]
     out = {"position": torch.arange(mask.shape[1], dtype=torch.float).expand(mask.shape),
            "surprisal": -batch["logprobs"]}
+    keep = None if rows is None else torch.tensor(sorted(rows) + [correct.index(True)])  # [k + 1]
     for rule in rules:
         args = rule_settings(world, rule)
+        sub = methods.RULES[rule].scoring and keep is not None
+        b = sample.select_rows(batch, keep) if sub else batch
+        ok = [correct[i] for i in keep.tolist()] if sub else correct
+        args.group_size = len(ok)
         ctx = methods.Context(args, world.model, world.tok, [problem], world.pieces)
         torch.manual_seed(world.args.seed)  # OAR-G's noise
-        adv = methods.RULES[rule].advantages(batch, rewards, mask, ctx)
-        out[rule] = methods.RULES[rule].blame(adv, batch, mask, args).detach().float().cpu()
+        adv = methods.RULES[rule].advantages(b, torch.tensor([ok], dtype=torch.float), b["response_mask"], ctx)
+        blame = methods.RULES[rule].blame(adv, b, b["response_mask"], args).detach().float().cpu()
+        if sub:  # back into the group's rows; the others are not read
+            full = torch.zeros(mask.shape)
+            full[keep] = blame
+            blame = full
+        out[rule] = blame
     return out
 
 
@@ -230,7 +242,7 @@ def run_problem(world: World, i: int, problem: dict, write, scored: dict) -> dic
     locs = locate(world, prompt, problem["answer"], [responses[j] for j in todo], v0)
     rules = [r for r in a.rules if not (methods.RULES[r].scoring == "forward" and a.oar_p_limit is not None
                                         and scored.get("forward", 0) >= a.oar_p_limit)]
-    blame = blames(world, batch, problem, correct, rules)
+    blame = blames(world, batch, problem, correct, rules, rows=todo)
     for j, loc in zip(todo, locs):
         exact = exact_step(world, problem, responses[j], loc.spans)
         write(record(world, i, j, problem, responses[j], loc, v0, {r: b[j] for r, b in blame.items()}, exact))
