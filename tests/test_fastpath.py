@@ -127,3 +127,35 @@ def test_decode_step_gives_the_plain_decodes_tokens_and_logprobs(base, which):
             assert torch.equal(fast_out[k], plain_out[k]), (temperature, k)
         for k in ("logprobs", "entropy"):
             assert_close(fast_out[k], plain_out[k], rel=1e-5, what=f"{k} at temperature {temperature}")
+
+
+def test_draw_lands_on_the_inverse_cdf_id_and_keeps_the_frequencies(monkeypatch):
+    # above INVERSE_CDF_VOCAB ids, draw() takes the id where u x total falls in the running sum of the row (two levels:
+    # the block, then the id inside it): against the plain search over the whole running sum in float64
+    torch.manual_seed(0)
+    V = fastpath.INVERSE_CDF_VOCAB + 1000
+    p = torch.softmax(3 * torch.randn(6, V), -1)  # [6, V]
+    p[0, :V - 1] = 0  # row 0: all its mass on the last id
+    p[0, -1] = 1
+    u = torch.tensor([[0.0], [1e-9], [0.25], [0.5], [0.999999], [0.7]], dtype=torch.float64)  # [6, 1]
+    monkeypatch.setattr(fastpath.torch, "rand", lambda *a, **k: u.clone())
+    c = p.double().cumsum(-1)  # [6, V]
+    want = torch.searchsorted(c, u * c[:, -1:], right=True).squeeze(1).clamp(max=V - 1)
+    assert torch.equal(fastpath.draw(p), want) and fastpath.draw(p)[0] == V - 1
+    monkeypatch.undo()
+    # the frequencies of 20,000 draws over 8 likely ids and a long tail of tiny ones: within 4 standard errors
+    q = torch.full((V,), 0.2 / (V - 8))
+    q[:8] = torch.tensor([0.3, 0.2, 0.1, 0.08, 0.05, 0.04, 0.02, 0.01])
+    torch.manual_seed(1)
+    ids = torch.cat([fastpath.draw(q.expand(4000, V)) for _ in range(5)])  # [20000]
+    seen = torch.bincount(ids, minlength=V).double() / len(ids)
+    for k in range(8):
+        se = (q[k] * (1 - q[k]) / len(ids)) ** 0.5
+        assert abs(seen[k] - q[k]) < 4 * se, (k, seen[k].item(), q[k].item())
+    assert abs(seen[8:].sum() - 0.2) < 4 * (0.2 * 0.8 / len(ids)) ** 0.5  # the tail's mass
+    # a small vocabulary draws with multinomial, as before (the tiny world's random stream)
+    small = torch.softmax(torch.randn(3, 28), -1)
+    torch.manual_seed(2)
+    a = fastpath.draw(small)
+    torch.manual_seed(2)
+    assert torch.equal(a, torch.multinomial(small, 1).squeeze(1))
