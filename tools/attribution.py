@@ -69,6 +69,9 @@ def parser() -> argparse.ArgumentParser:
                    help="score rules that run a forward per response token (methods.Rule.scoring 'forward': OAR-P) on "
                         "the groups of the first N located rollouts only")
     p.add_argument("--batch", type=int, default=64, help="rows per sampling call (probes x n)")
+    p.add_argument("--per-problem", type=int, default=0,
+                   help="locate at most this many wrong rollouts of a group (0: all; the rules score the whole group "
+                        "either way): more problems for the same cost")
     return p
 
 
@@ -77,7 +80,7 @@ def check(p, args):
         shared.check_shared(args)
         shared.check_seed(args.seed)
         shared.at_least(args, {"limit": 1, "group_size": 2, "n": 1, "batch": 1, "max_new_tokens": 1,
-                               "oar_p_limit": 0})
+                               "oar_p_limit": 0, "per_problem": 0})
     if not args.temperature >= shared.MIN_TEMPERATURE:
         p.error(f"--temperature {args.temperature}: must be at least {shared.MIN_TEMPERATURE}")
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
@@ -236,7 +239,7 @@ def run_problem(world: World, i: int, problem: dict, write, scored: dict) -> dic
     wrong = [j for j in range(a.group_size) if not correct[j]]
     short = [j for j in wrong if len(epicprm.steps(world.piece_list(responses[j]))) < 2]
     line.update(mixed=True, v0=v0, wrong=len(wrong), one_step=len(short))
-    todo = [j for j in wrong if j not in short]
+    todo = [j for j in wrong if j not in short][:a.per_problem or None]
     if v0 == 0 or not todo:  # the model cannot solve it from the question alone: nothing to locate against
         return line
     locs = locate(world, prompt, problem["answer"], [responses[j] for j in todo], v0)
