@@ -148,7 +148,7 @@ BOM_REMOVED = "removed a leading UTF-8 byte-order mark from {n} file(s)"
 # the reasons a row is skipped, as they begin in the skipped list, and their short names in report()'s summary
 REASONS = {"undecodable bytes": "undecodable", "broken JSON": "broken JSON", "not a JSON object": "not an object",
            "no question": "no question", "no answer": "no answer",
-           "characters the tokenizer cannot encode": "unencodable"}
+           "characters the tokenizer cannot encode": "unencodable", "not valid Unicode": "not unicode"}
 
 
 def normalise(row: dict, notes=None):
@@ -194,8 +194,22 @@ def normalise(row: dict, notes=None):
         return NOT_FINITE
     if not isinstance(answer, str) or not answer.strip():
         return "no answer (fields `answer`, `final_answer`, or a \\boxed{} in `solution`)"
+    for what, text in (("question", question), ("answer", answer)):
+        why = not_unicode(text)
+        if why:
+            return f"{why} in the {what}"
     notes.update(taken)
     return question.strip(), answer.strip()
+
+
+def not_unicode(text: str):
+    """Why a string cannot be a model's text (None if it can): JSON's \\ud800 escapes decode to a lone surrogate,
+    which no encoding writes and every tokenizer refuses with a traceback."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"text that is not valid Unicode (a lone surrogate, {ascii(text[e.start])}, at character {e.start + 1})"
+    return None
 
 
 NOT_FINITE = "no answer (the gold answer is NaN or infinite: Python's JSON reads NaN, Infinity and 1e400 so)"

@@ -67,19 +67,29 @@ def score(model, tokenizer, prompts: list, golds: list, *, k: int = 1, temperatu
     ids = [i[-(ctx // 2):] for i in ids]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))  # similar lengths share a batch: less padding
     texts, lengths, capped = [None] * len(ids), [0] * len(ids), 0
-    for s in tqdm(range(0, len(order), batch_size), desc=desc, disable=desc is None, leave=False):
+    # a batch of a real model may decode for half an hour: the bar counts problems, and the tokens decoded a second
+    # while a batch runs (each decode step adds a token to each of its rows)
+    bar = tqdm(total=len(order), desc=desc, disable=desc is None, leave=False, unit="problem")
+    t0, decoded = time.time(), 0
+    for s in range(0, len(order), batch_size):
         idx = order[s:s + batch_size]
         budget = min(max_new_tokens, ctx - max(len(ids[i]) for i in idx))
         capped += budget < max_new_tokens
-        # a batch of a real model may decode for half an hour: a second bar counts its tokens (up to the budget)
-        with tqdm(total=budget, desc="  new tokens", disable=desc is None, leave=False) as tokens:
-            out = sample.generate(model, [ids[i] for i in idx], n=k, max_new_tokens=budget, temperature=temperature,
-                                  eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
-                                  on_token=tokens.update)
+
+        def step(rows=len(idx) * k):
+            nonlocal decoded
+            decoded += rows
+            bar.set_postfix_str(f"~{decoded / max(time.time() - t0, 1e-9):.0f} tokens/s", refresh=False)
+            bar.refresh()
+        out = sample.generate(model, [ids[i] for i in idx], n=k, max_new_tokens=budget, temperature=temperature,
+                              eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id,
+                              on_token=step if desc is not None else None)
+        bar.update(len(idx))
         resp = tokenizer.batch_decode(out["input_ids"][:, out["prompt_len"]:], skip_special_tokens=True)
         n_tok = out["response_mask"].sum(-1).tolist()  # [len(idx) * k]
         for j, i in enumerate(idx):
             texts[i], lengths[i] = resp[j * k:(j + 1) * k], n_tok[j * k:(j + 1) * k]
+    bar.close()
     stats, per_problem, all_verdicts = reward.new_stats(), [], []
     for responses, gold in zip(texts, golds):
         verdicts = [reward.is_correct(r, gold, stats) for r in responses]

@@ -47,6 +47,8 @@ def main(argv=None):
     models.check_path(args.model)
     ckpt = checkpoint.find(args.run_dir) if args.resume else None
     checkpoint.check(args.run_dir, args, args.resume, args.overwrite, ckpt)
+    checkpoint.check_room(args.run_dir, memory.disk_plan(models.load_config(args.model), args)["run"],
+                          "this run's checkpoints")  # a full disk said now, not after the steps
     run = start(args, ckpt)
     try:
         loop(run)
@@ -324,7 +326,7 @@ def finish_step(run: Run, done: int, heatmap=None) -> bool:
             heatmap(done)
     if (args.save_every and done % args.save_every == 0) or (last_step and args.final_save):
         checkpoint.save_run(args.run_dir, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
-                            run.problem_rng, args, run.buffer, run.adapters)
+                            run.problem_rng, args, run.buffer, run.adapters, models.base_name(args.model, run.model))
     if out_of_time:
         tqdm.write(f"--max-minutes {args.max_minutes} reached after {done} steps")
     return out_of_time

@@ -17,6 +17,7 @@ checkpoint and lets a new run refuse to overwrite a finished one. A write that f
 read-only) stops the run with one line and leaves the last complete checkpoint in place.
 """
 import hashlib
+import fnmatch
 import json
 import math
 import os
@@ -73,6 +74,7 @@ def check(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
     """Before anything heavy runs, leaving nothing behind: refuse a run directory that cannot be written, and
     another run's directory unless --resume (with the same method and task as both run.json and the checkpoint
     ckpt say, so that a lost or damaged run.json changes nothing) or --overwrite."""
+    check_layout(run_dir)
     writable_dir(run_dir, "--run-dir")
     info = read_info(run_dir)
     if resume:
@@ -96,8 +98,65 @@ def check(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
     if holds_a_run and not resume and not overwrite:
         what = (f"a {'finished' if info.get('finished') else 'stopped'} {info['args'].get('method')} run"
                 if info else "a run")
-        fail(f"--run-dir {run_dir} holds {what}: pass --resume to continue it, --overwrite to start over, "
-             f"or choose another --run-dir")
+        can = resumable(run_dir)
+        fail(f"--run-dir {run_dir} holds {what}: "
+             + (f"pass --resume to continue it from {can}, " if can else "it has no checkpoint --resume could continue from; ")
+             + "--overwrite to start over, or choose another --run-dir")
+
+
+# What a run folder holds: files, and folders (a part of the wrong kind, made by hand, is refused in one line)
+FILES, FOLDERS = ("metrics.jsonl", "run.json", ".lock"), (CHECKPOINT, PREVIOUS, TMP, "heatmaps")
+
+
+def check_layout(run_dir: str):
+    """A run folder no other run holds, whose parts are of their kind: else one line, before anything is read."""
+    outer = enclosing_run(run_dir)
+    if outer:
+        fail(f"--run-dir {run_dir}: inside the run {outer} (its next save or --overwrite would take this folder "
+             f"with it); choose a folder outside it")
+    wrong = wrong_kind(run_dir)
+    if wrong:
+        fail(f"--run-dir {run_dir}: {wrong}; move it away, or choose another --run-dir")
+
+
+def is_run(path: str) -> bool:
+    """Whether the folder `path` holds a train.py run (its run.json, metrics.jsonl or a checkpoint)."""
+    return os.path.isdir(path) and any(os.path.exists(os.path.join(path, n)) for n in ("run.json", "metrics.jsonl",
+                                                                                       CHECKPOINT, PREVIOUS))
+
+
+def enclosing_run(run_dir: str):
+    """The run folder that holds `run_dir` below it (in its checkpoint, its heatmaps, anywhere), or None. A run
+    there would be taken away by the outer run's next save (a checkpoint folder is rotated whole) or its
+    --overwrite."""
+    here = os.path.dirname(os.path.abspath(run_dir))
+    while True:
+        if is_run(here):
+            return here
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
+
+
+def wrong_kind(run_dir: str):
+    """A part of a run folder of the wrong kind (a file where a folder belongs, or the reverse), said as a phrase,
+    or None: found now, not as a traceback at the first write."""
+    for name in FILES + FOLDERS:
+        path = os.path.join(run_dir, name)
+        if name in FILES and os.path.isdir(path):
+            return f"{path} is a folder where the run keeps a file"
+        if name in FOLDERS and os.path.exists(path) and not os.path.isdir(path):
+            return f"{path} is a file where the run keeps a folder"
+    return None
+
+
+def resumable(run_dir: str):
+    """The checkpoint --resume would take in run_dir, or None when none is usable (sizes checked, not checksums)."""
+    for name in (TMP, CHECKPOINT, PREVIOUS):
+        if _intact(os.path.join(run_dir, name)):
+            return os.path.join(run_dir, name)
+    return None
 
 
 def writable_dir(path: str, flag: str):
@@ -136,7 +195,7 @@ def claim(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
         for name in CLEARED:
             path = os.path.join(run_dir, name)
             if os.path.isdir(path):
-                shutil.rmtree(path)
+                discard(path)
             elif os.path.exists(path):
                 os.remove(path)
     elif problem(os.path.join(run_dir, TMP)) is None:  # complete: killed between save()'s two renames
@@ -250,13 +309,14 @@ def save(run_dir: str, model, tokenizer, state: dict, write=None):
     `checkpoint.prev` is complete, and find() takes the newest of them. A write that fails (a full disk) stops
     the run with one line; the last checkpoint stays in place."""
     final, prev, tmp = (os.path.join(run_dir, n) for n in (CHECKPOINT, PREVIOUS, TMP))
+    for old in (tmp, prev) if _intact(final) else (tmp,):
+        if os.path.isdir(old):
+            discard(old)
     try:
-        for old in (tmp, prev) if _intact(final) else (tmp,):
-            if os.path.isdir(old):
-                shutil.rmtree(old)
         _write(tmp, model, tokenizer, state, write)
     except Exception as e:  # safetensors, torch.save and the tokenizer each raise their own kind on a full disk
-        shutil.rmtree(tmp, ignore_errors=True)  # incomplete: it only takes space
+        if os.path.isdir(tmp):
+            discard(tmp, strict=False)  # incomplete: it only takes space
         free = shutil.disk_usage(run_dir).free / 2 ** 20
         fail(f"{tmp}: the checkpoint of step {state['step']} could not be written ({_first_line(e)}; {free:.0f} MiB "
              f"free there); {_last(final)}")
@@ -268,17 +328,19 @@ def save(run_dir: str, model, tokenizer, state: dict, write=None):
 
 
 def save_run(run_dir: str, step: int, model, tokenizer, optimizer, scheduler, problem_rng, args, buffer: tuple,
-             adapters=None):
-    """A train.py run's checkpoint at `step` (save): the model (under LoRA, adapters: the peft model, infra/lora.py)
-    and state.pt, which holds all that --resume needs to continue bit for bit: the optimizer and scheduler, the torch
-    and problem RNG states, D2's buffer of mixed groups (problems, batches) and the settings."""
+             adapters=None, base: str = None):
+    """A train.py run's checkpoint at `step` (save): the model, or under LoRA its adapters alone (adapters: the peft
+    model, infra/lora.py; base: the --model they belong to), and state.pt, which holds all that --resume needs to
+    continue bit for bit: the optimizer and scheduler, the torch and problem RNG states, D2's buffer of mixed groups
+    (problems, batches) and the settings."""
     state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
              "torch_rng": torch.get_rng_state(), "problem_rng": problem_rng.getstate(), "args": vars(args),
              "surplus_qs": buffer[0], "surplus": buffer[1]}
-    write = None
-    if adapters:  # the adapters merged into an ordinary model, and beside it (infra/lora.py)
-        state["adapter"] = {n: p.detach().cpu().clone() for n, p in lora.trainable(model).items()}
-        write = lambda path: lora.save(path, adapters, tokenizer)  # noqa: E731
+    write = (lambda path: lora.save(path, adapters, tokenizer, base)) if adapters else None  # noqa: E731
+    final, prev = os.path.join(run_dir, CHECKPOINT), os.path.join(run_dir, PREVIOUS)
+    freed = folder_bytes(prev) if _intact(final) and os.path.isdir(prev) else 0  # the older one goes first
+    check_room(run_dir, checkpoint_bytes(model, optimizer, adapters), f"the checkpoint of step {step}", freed,
+               f"; {_last(final)}")
     save(run_dir, model, tokenizer, state, write=write)
 
 
@@ -303,6 +365,9 @@ def _write(path: str, model, tokenizer, state: dict, write=None):
         write(path)
     torch.save(state, os.path.join(path, "state.pt"))
     files = sorted(os.path.relpath(os.path.join(d, n), path) for d, _, names in os.walk(path) for n in names)
+    mode = 0o666 & ~_umask()  # the mode any file of the run has: safetensors writes its weights 0600
+    for n in files:
+        os.chmod(os.path.join(path, n), mode)
     manifest = {"step": state["step"],
                 "files": {n: {"bytes": os.path.getsize(os.path.join(path, n)),
                               "sha256": _sha256(os.path.join(path, n))} for n in files}}
@@ -312,16 +377,83 @@ def _write(path: str, model, tokenizer, state: dict, write=None):
         os.fsync(f.fileno())
 
 
+# The names of what a checkpoint's writers put in its folder (transformers' model and tokenizer, peft's adapter and
+# the card it writes beside it, state.pt, the manifest), and of a heat map page: what discard() may remove where no
+# manifest lists the files (a checkpoint.tmp a kill left behind, the heatmaps folder).
+WRITTEN = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer*",
+           "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
+           "state.pt", MANIFEST, "adapter_config.json", "README.md", "step*.html")
+
+
+def discard(path: str, strict: bool = True):
+    """Remove a folder this run wrote (a checkpoint, the heat maps) without removing what it did not write: the files
+    its manifest lists, or those named as a checkpoint's writers name them (WRITTEN), then the folders left empty.
+    Anything else (a run put there by hand, a file of another program) is left in place, and with strict the run
+    stops in one line saying so, before it writes anything."""
+    listed = (read_json(os.path.join(path, MANIFEST)) or {}).get("files") or {}
+    listed = set(listed) if isinstance(listed, dict) else set()
+    foreign = []
+    for d, dirs, names in os.walk(path, topdown=True):
+        if d != path and is_run(d):  # a run below: never taken away
+            foreign.append(d)
+            dirs[:] = []
+            continue
+        for n in names:
+            rel = os.path.relpath(os.path.join(d, n), path)
+            if rel in listed or any(fnmatch.fnmatch(n, w) for w in WRITTEN):
+                os.remove(os.path.join(d, n))
+            else:
+                foreign.append(os.path.join(d, n))
+    for d, _, _ in sorted(os.walk(path), key=lambda x: -len(x[0])):  # the deepest first
+        if not os.listdir(d):
+            os.rmdir(d)
+    if foreign and strict:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        fail(f"{path}: holds what this run did not write ({foreign[0]}{more}), which it leaves in place; move it out "
+             f"of the run's folder, then --resume")
+
+
+def folder_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
+
+
+def check_room(run_dir: str, need: int, what: str, freed: int = 0, then: str = ""):
+    """Fail in one line if the disk under run_dir has less than `need` bytes free (plus `freed`, what goes before the
+    write): said before the write, not as a traceback in it. what: the line's subject; then: what follows it."""
+    there = os.path.abspath(run_dir)
+    while not os.path.exists(there):
+        there = os.path.dirname(there)
+    free = shutil.disk_usage(there).free + freed
+    if need > free:
+        fail(f"{what} take{'s' * (not what.endswith('s'))} about {need / 2 ** 30:.2f} GiB and {free / 2 ** 30:.2f} "
+             f"GiB are free there: free space, or choose another --run-dir (--save-every 0 --no-final-save saves "
+             f"nothing){then}")
+
+
+def checkpoint_bytes(model, optimizer, adapters=None) -> int:
+    """What a checkpoint of this run takes: the weights (under LoRA the adapters), AdamW's two moments of what
+    trains, and room for the tokenizer and the rest (32 MiB)."""
+    trained = sum(p.numel() * 4 for group in optimizer.param_groups for p in group["params"])
+    weights = trained if adapters else sum(p.numel() * p.element_size() for p in model.parameters())
+    return weights + 2 * trained + 32 * 2 ** 20
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _swap_in(run_dir: str):
     """The complete checkpoint.tmp becomes `checkpoint`, and `checkpoint` becomes checkpoint.prev; a damaged
     `checkpoint` (the run resumed from checkpoint.prev) goes instead, so that prev stays the last complete one."""
     final, prev, tmp = (os.path.join(run_dir, n) for n in (CHECKPOINT, PREVIOUS, TMP))
     if _intact(final):
         if os.path.isdir(prev):
-            shutil.rmtree(prev)
+            discard(prev)
         os.replace(final, prev)
     elif os.path.isdir(final):
-        shutil.rmtree(final)
+        discard(final)
     os.replace(tmp, final)
 
 
@@ -373,6 +505,7 @@ def find(run_dir: str) -> str:
     """The checkpoint to resume from: a complete checkpoint.tmp (a kill, or a failed rename, between save()'s two
     renames: the newest), else `checkpoint` if it is complete, else `checkpoint.prev` (the one saved before).
     Exits with one line naming each damaged candidate if none is usable."""
+    check_layout(run_dir)
     tmp = os.path.join(run_dir, TMP)
     if os.path.isdir(tmp) and problem(tmp) is None:
         return tmp

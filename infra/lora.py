@@ -12,16 +12,19 @@ fine-tuning's.
 The adapters are put into the model in place (peft's get_peft_model): the model train.py holds is still the
 Qwen2ForCausalLM (or any causal LM) it loaded, each projection now computing W x + (alpha / r) B A x. So the sampler,
 the scoring forward, fastpath's written-out decode step and OAR's forwards run through the adapted model unchanged,
-and every method works as it does without LoRA. A checkpoint stays an ordinary Hugging Face directory: the
-adapters merged into float32 weights (merged_state_dict), which AutoModelForCausalLM opens, with peft's own adapter
-files beside it in adapter/ (PeftModel.from_pretrained(base, DIR/adapter) opens those). Resume reloads the base
-from --model and the adapters from state.pt, so it continues bit for bit.
+and every method works as it does without LoRA. A checkpoint holds the adapters as peft saves them
+(adapter_config.json naming the base, adapter_model.safetensors: 148 MB at rank 32 on a 1.5B, where the merged
+model took 7 GB a checkpoint), which models.load_model opens as base + adapters merged (evaluate.py, TRL, --model),
+and tools/merge.py writes as an ordinary model. Resume reloads the base from --model and the adapters from the
+checkpoint's file, so it continues bit for bit.
 """
+import os
+
 import torch
 
 # every linear projection of a Qwen2 / Llama decoder layer: attention's four and the SwiGLU MLP's three
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-ADAPTER_DIR = "adapter"  # inside a checkpoint: peft's adapter_config.json and adapter_model.safetensors
+ADAPTER_CONFIG, ADAPTER_FILE = "adapter_config.json", "adapter_model.safetensors"  # a LoRA checkpoint's, as peft
 
 
 def peft():
@@ -61,31 +64,25 @@ def trainable(model) -> dict:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-def merged_state_dict(model) -> dict:
-    """The adapted model's weights as an ordinary model's: each adapted projection's W + (alpha / r) B A in float32
-    under its own name, the adapters' own entries left out. The model is not changed (peft's merge would change
-    its weights in place, and an unmerge does not give them back bit for bit)."""
-    from peft.tuners.lora import LoraLayer
-    state = {}
-    lora = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
-    for name, tensor in model.state_dict().items():
-        owner = next((m for m in lora if name.startswith(m + ".")), None)
-        if owner is None:
-            state[name] = tensor
-        elif name.startswith(f"{owner}.base_layer."):
-            plain = owner + name[len(f"{owner}.base_layer"):]  # q_proj.base_layer.weight -> q_proj.weight
-            layer = lora[owner]
-            state[plain] = tensor.float()
-            if plain.endswith(".weight"):
-                state[plain] = state[plain] + sum(layer.get_delta_weight(a).float() for a in layer.active_adapters)
-    return state
-
-
-def save(path: str, wrapped, tokenizer):
-    """A checkpoint's model files at path: the merged model (config, weights, tokenizer) and the adapter in
-    path/adapter."""
-    import os
-    model = wrapped.get_base_model()
-    model.save_pretrained(path, state_dict=merged_state_dict(model))
+def save(path: str, wrapped, tokenizer, base: str):
+    """A LoRA checkpoint's model files at path, as peft saves them: adapter_config.json (naming `base`, the
+    --model the adapters belong to) and adapter_model.safetensors, megabytes where the merged model takes
+    gigabytes, and the tokenizer. models.load_model opens it as base + adapters; tools/merge.py writes the
+    merged model when one is wanted."""
+    config = wrapped.peft_config[wrapped.active_adapter]
+    config.base_model_name_or_path = base
+    wrapped.save_pretrained(path)
     tokenizer.save_pretrained(path)
-    wrapped.save_pretrained(os.path.join(path, ADAPTER_DIR))
+
+
+def load_adapters(wrapped, path: str):
+    """The adapters a checkpoint saved (save), put into the peft model `wrapped` made with the same rank and
+    targets (wrap), for --resume to continue from them."""
+    from safetensors.torch import load_file
+    peft().set_peft_model_state_dict(wrapped, load_file(os.path.join(path, ADAPTER_FILE)))
+
+
+def merged(model, path: str):
+    """The base `model` with the adapters of the checkpoint at `path` merged into its weights: an ordinary model,
+    for evaluate.py, TRL or a merged copy on disk (tools/merge.py)."""
+    return peft().PeftModel.from_pretrained(model, path).merge_and_unload()

@@ -4,6 +4,7 @@ import os
 import sys
 
 import torch
+import transformers
 
 from infra import lora
 
@@ -250,6 +251,33 @@ def available_bytes(device: str, asked_gib: float = None) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def disk_plan(cfg, args) -> dict:
+    """The disk a train.py run's checkpoints take, from the model's config: {what: bytes} of one checkpoint (the
+    weights, under LoRA the adapters alone; AdamW's two moments of what trains; 32 MiB for the tokenizer and the
+    rest), and "run" what the run keeps at most: two of them (the last and the one before, or the last and the one
+    being written), one if it saves once."""
+    trained = trained_parameters(cfg, args.lora_rank, args.lora_targets.split(","))
+    one = {"weights" if not args.lora_rank else "adapters": 4 * trained, "optimizer state": 8 * trained,
+           "tokenizer and the rest": 32 * 2 ** 20}
+    saves = (args.steps // args.save_every if args.save_every else 0) + args.final_save
+    return {**one, "run": sum(one.values()) * min(2, saves)}
+
+
+def trained_parameters(cfg, lora_rank: int, lora_targets) -> int:
+    """What a run trains and saves: every parameter, or the LoRA adapters (r x (in + out) a target projection).
+    parameters() counts a Qwen2 or Llama model; another layout (GPT-2, Gemma2, Qwen3's norms of q and k) is counted
+    on a model built on the meta device, which allocates nothing."""
+    if cfg.model_type in ("qwen2", "llama"):
+        n = parameters(cfg, lora_rank, lora_targets)
+        return n["adapters"] if lora_rank else n_params(cfg)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    if not lora_rank:
+        return sum(p.numel() for p in model.parameters())
+    return sum(lora_rank * sum(m.weight.shape) for name, m in model.named_modules()
+               if name.rsplit(".", 1)[-1] in lora_targets and getattr(m, "weight", None) is not None)
+
+
 def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int, scoring: str = None):
     """--dry-run: the plan for these settings, and if it does not fit, what each memory flag would bring it to.
     prompt_tokens: the data's prompt length (data.Dataset.prompt_tokens), cut to what the positions leave;
@@ -265,6 +293,10 @@ def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int, scoring: str = None):
                                  if args.lora_rank else "")
           + f"; prompts taken as {prompt_len} tokens, responses as --max-new-tokens {args.max_new_tokens}")
     peak = print_plan(memory_plan(cfg, **settings), gpu_bytes)
+    disk = disk_plan(cfg, args)
+    print(f"disk: a checkpoint takes {sum(v for k, v in disk.items() if k != 'run') / GiB:.2f} GiB ("
+          + ", ".join(f"{k} {v / GiB:.2f}" for k, v in disk.items() if k != "run")
+          + f"); the run keeps at most {disk['run'] / GiB:.2f} GiB (the last and the one before)")
     if peak <= gpu_bytes:
         return peak
     print("flags that would bring it down (each alone, then all together):")

@@ -256,6 +256,8 @@ def check_path(name: str, flag: str = "--model", config_only: bool = False):
     if not os.path.isdir(path):
         sys.exit(f"{flag} {name}: no such directory")
     files = os.listdir(path)
+    if adapter_base(name):  # a LoRA checkpoint: its adapters and tokenizer here, the base named in its config
+        return check_adapters(path, name, flag, config_only)
     if "config.json" not in files:
         sys.exit(f"{flag} {name}: no config.json in this directory (is it a Hugging Face model directory?)")
     if config_only:
@@ -265,6 +267,26 @@ def check_path(name: str, flag: str = "--model", config_only: bool = False):
     if not any(f.startswith(("tokenizer", "vocab")) for f in files):
         sys.exit(f"{flag} {name}: no tokenizer (tokenizer.json or tokenizer_config.json) in this directory")
     check_files(path, name, flag)
+
+
+def check_adapters(path: str, name: str, flag: str, config_only: bool = False):
+    """A LoRA checkpoint (infra/lora.py): its adapter file readable, its tokenizer there, peft installed, and its
+    base checked as --model would be."""
+    base = adapter_base(name)
+    if not config_only:
+        files = set(os.listdir(path))
+        if lora.ADAPTER_FILE not in files:
+            sys.exit(f"{flag} {name}: a LoRA checkpoint without its {lora.ADAPTER_FILE}")
+        if not any(set(kind) <= files for kind in TOKENIZER_FILES):
+            sys.exit(f"{flag} {name}: no tokenizer in this LoRA checkpoint")
+        if importlib.util.find_spec("peft") is None:
+            sys.exit(f"{flag} {name}: a LoRA checkpoint: its adapters need peft: pip install -r requirements/lora.txt")
+        if "manifest.json" in files:
+            from infra import checkpoint
+            why = checkpoint.problem(path, skip=("state.pt",))
+            if why:
+                sys.exit(f"{flag} {name}: a damaged checkpoint: {why}")
+    check_path(base, f"{flag} {name}: its base", config_only)
 
 
 # The files that make a tokenizer, one set per kind (tokenizer_config.json alone only names the class).
@@ -368,6 +390,8 @@ def load_config(name: str, flag: str = "--model"):
         directory, file = gguf_location(name, flag)
         check_gguf(os.path.join(directory, file), name, flag)
         return AutoConfig.from_pretrained(directory, gguf_file=file)
+    if adapter_base(name):  # a LoRA checkpoint: its base's shapes
+        return load_config(adapter_base(name), f"{flag} {name}: its base")
     check_path(name, flag, config_only=True)
     try:
         return AutoConfig.from_pretrained(os.path.expanduser(name))
@@ -417,6 +441,9 @@ def load_model(name: str, flag: str = "--model", world=None):
     if isinstance(MODELS.get(name), TinyWorld):
         return MODELS[name].load(world)
     tok = load_tokenizer(name, flag)  # the files checked first, a packaged alias converted (once)
+    if adapter_base(name):  # a LoRA checkpoint: its base, with the adapters merged into an ordinary model
+        model, _, _ = load_model(adapter_base(name), f"{flag} {name}: its base", world)
+        return lora.merged(model, os.path.expanduser(name)), tok, name
     path = packaged_directory(name, flag) if name in MODELS else os.path.expanduser(name)
     gguf = gguf_location(name, flag) if name not in MODELS else None
     try:
@@ -438,10 +465,26 @@ def prompt_room(name: str, max_new_tokens: int):
     return max(context - max_new_tokens, context // 2) if context else None
 
 
+def base_name(name: str, model) -> str:
+    """What a LoRA checkpoint records as its base: --model's name, or for the tiny world (whose name means the
+    task's base) the directory it was loaded from."""
+    return model.name_or_path if isinstance(MODELS.get(name), TinyWorld) else name
+
+
+def adapter_base(name: str):
+    """The base model a LoRA checkpoint's adapters belong to (adapter_config.json's base_model_name_or_path), or
+    None where `name` is no such directory."""
+    path = os.path.expanduser(name)
+    cfg = _json(os.path.join(path, lora.ADAPTER_CONFIG)) if os.path.isdir(path) else None
+    base = cfg.get("base_model_name_or_path") if isinstance(cfg, dict) else None
+    return base if isinstance(base, str) and base else None
+
+
 def load_policy(args, ckpt: str = None, adapter_state: dict = None, world=None):
     """What a train.py run trains, on args.device: (model, tokenizer, reference, adapters). The model is --model, or
-    when a full-parameter run resumes, its checkpoint ckpt; a LoRA run resumes from --model and its adapters
-    (adapter_state, from state.pt) and `adapters` is the peft model (infra/lora.py), else None. The reference is G4's
+    when a full-parameter run resumes, its checkpoint ckpt; a LoRA run resumes from --model and the checkpoint's
+    adapters (its adapter file; adapter_state: state.pt's copy, as checkpoints before 2026-11-25 kept them), and
+    `adapters` is the peft model (infra/lora.py), else None. The reference is G4's
     frozen copy of --model when beta > 0 (None under LoRA: the base with its adapters off is the reference).
     torch is seeded with args.seed once the models are loaded, and only then are LoRA's adapters drawn: a first run
     builds or converts its model (the tiny world's warm start, a GGUF file), which draws from torch's RNG, where a
@@ -459,8 +502,11 @@ def load_policy(args, ckpt: str = None, adapter_state: dict = None, world=None):
     adapters = None
     if args.lora_rank:  # adapters on the projections, every other weight frozen
         adapters = lora.wrap(model, args.lora_rank, args.lora_alpha, args.lora_targets.split(","), bf16_base=args.bf16)
+    if args.lora_rank and ckpt:  # the adapters of the checkpoint: in state.pt before 2026-11-25, since in its files
         if adapter_state:
             model.load_state_dict(adapter_state, strict=False)
+        else:
+            lora.load_adapters(adapters, ckpt)
     check_finite(model, ckpt or args.model, "--resume" if ckpt else "--model")
     model.to(args.device)
     if args.grad_checkpointing:

@@ -44,8 +44,10 @@ class ScriptArguments:
     eval_limit: int = field(default=256, metadata={"help": "first N held-out problems"})
     eval_batch_size: int = field(default=256, metadata={"help": "prompts per generate call when evaluating"})
     data_dir: str = field(default=data.DATA_DIR, metadata={"help": "where the benchmark files are"})
-    eval_every: int = field(default=50, metadata={"help": "greedy held-out evaluation every N steps (and at the end)"})
+    eval_every: int = field(default=50, metadata={"help": "greedy held-out evaluation every N steps (and at the end); "
+                                                          "0: at the end only, as train.py's --eval-every 0"})
     threads: int = field(default=None, metadata={"help": "CPU threads for torch (default: torch's choice)"})
+    overwrite: bool = field(default=False, metadata={"help": "replace the model an earlier run left in --output_dir"})
 
 
 # train.py's tiny defaults where TRL's differ (TRL: lr 1e-6 with linear decay, bf16 and gradient checkpointing on,
@@ -91,16 +93,26 @@ def check(ns):
         if isinstance(value, float) and not math.isfinite(value):
             sys.exit(f"--{name} {value}: not a finite number")
     counts = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length",
-              "eval_every", "eval_limit", "eval_batch_size")
+              "eval_limit", "eval_batch_size")
     for name in counts:
         if getattr(ns, name) < 1:
             sys.exit(f"--{name} {getattr(ns, name)}: must be at least 1")
+    if ns.eval_every < 0:
+        sys.exit(f"--eval_every {ns.eval_every}: must be at least 0 (0: at the end only)")
     if shared.threads_problem(ns.threads):
         sys.exit(f"--threads {ns.threads}: {shared.threads_problem(ns.threads)}")
     if shared.seed_problem(ns.seed):  # one line, not TRL's usage
         sys.exit(f"--seed {ns.seed}: {shared.seed_problem(ns.seed)}")
     if os.environ.get("LOCAL_RANK", "0") == "0":  # one probe a machine: processes making the folder at once collide
         checkpoint.writable_dir(ns.output_dir, "--output_dir")
+    outer = checkpoint.enclosing_run(ns.output_dir) or (ns.output_dir if checkpoint.is_run(ns.output_dir) else None)
+    if outer:  # a train.py run's folder: TRL's save would mix into it, or its rotation take TRL's model away
+        sys.exit(f"--output_dir {ns.output_dir}: in the train.py run {outer}; choose a folder of its own")
+    held = [f for f in ("config.json", "adapter_config.json", "model.safetensors", "adapter_model.safetensors")
+            if os.path.exists(os.path.join(ns.output_dir, f))]
+    if held and not ns.overwrite:  # TRL's save would replace an earlier run's model without a word
+        sys.exit(f"--output_dir {ns.output_dir}: holds a model already ({held[0]}): choose another folder, or "
+                 f"--overwrite to replace it")
     if ns.num_generations < 2:
         sys.exit(f"--num_generations {ns.num_generations}: must be at least 2 (G1 compares rollouts within a group)")
     if not 0 < ns.learning_rate <= shared.MAX_LR:
@@ -137,7 +149,8 @@ class HeldOut(TrainerCallback):
         self.evaluate_now, self.every, self.seconds = evaluate_now, every, 0.0
 
     def on_step_end(self, args, state, control, model=None, **_):
-        if state.is_world_process_zero and state.global_step % self.every == 0 and state.global_step < state.max_steps:
+        periodic = self.every and state.global_step % self.every == 0 and state.global_step < state.max_steps
+        if state.is_world_process_zero and periodic:
             t0 = time.time()
             print(f"step {state.global_step}: greedy held-out accuracy {self.evaluate_now(model):.3f}")
             self.seconds += time.time() - t0  # not counted in the seconds per step

@@ -44,6 +44,15 @@ def record_margin(what: str, used: float):
                                 "used": used}) + "\n")
 
 
+def alternating_grader():
+    """A grader for (response, gold, stats) that marks every other call right, whatever the text: a group of 4
+    rollouts graded one after another gets 2 right and 2 wrong, so it always mixes and the step does its whole work
+    (G1 gives an unmixed group no advantage). A grader by the text's length mixed groups only by chance, and a
+    change of the sampler's random stream once left every response of a test's step the same parity."""
+    calls = iter(range(1 << 62))
+    return lambda response, gold, stats=None: next(calls) % 2 == 0
+
+
 def assert_close(actual, expected, rel: float = 1e-5, scale: float = None, what: str = ""):
     """max|actual - expected| <= rel * scale, scale = max|expected| unless given (tiny if 0).
 

@@ -25,7 +25,7 @@ import sample
 import train
 from infra import fastpath
 from toyworld import tiny
-from conftest import assert_close, record_margin
+from conftest import alternating_grader, assert_close, record_margin
 from test_sample import assert_grads_close, grads_of
 
 ARCHS = ["qwen3", "gemma2", "phi3", "gpt2"]
@@ -185,8 +185,8 @@ def model_dirs(models_, tok, tmp_path_factory):
 @pytest.mark.parametrize("arch,method", RL_STEPS)
 def test_one_rl_step(model_dirs, monkeypatch, tmp_path, arch, method):
     # A random model answers nothing right, so every advantage would be 0 and nothing would run past the sampler:
-    # the grader is replaced by one that marks responses of even length right, which mixes every group (checked).
-    monkeypatch.setattr(reward, "is_correct", lambda text, gold, stats=None: len(text) % 2 == 0)
+    # the grader is replaced by one that marks every other rollout right (conftest), which mixes every group (checked).
+    monkeypatch.setattr(reward, "is_correct", alternating_grader())
     run_dir = tmp_path / "run"
     train.main(["--model", model_dirs[arch], "--method", method, "--steps", "1", "--prompts-per-step", "2",
                 "--group-size", "4", "--max-new-tokens", "16", "--eval-limit", "4", "--threads", "1",
@@ -194,3 +194,14 @@ def test_one_rl_step(model_dirs, monkeypatch, tmp_path, arch, method):
     step = next(r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "reward_mean" in r)
     assert 0 < step["accuracy"] < 1 and step["nonfinite_updates"] == 0  # right and wrong rollouts
     assert step["grad_norm"] > 0  # an update with a gradient ran: the loss reached the weights
+
+
+def test_the_disk_plan_counts_what_each_layout_saves(models_):
+    # memory.parameters reads Qwen2/Llama fields; the other layouts are counted on a meta-device model. Either way
+    # the count is the model's own: GPT-2's c_attn, Gemma2's, Qwen3's and Phi3's weights included.
+    from infra import memory
+    for name, model in models_.items():
+        assert memory.trained_parameters(model.config, 0, ()) == sum(p.numel() for p in model.parameters()), name
+    gpt2 = models_["gpt2"]  # LoRA of rank 2 on c_attn: 2 x (in + out) of its [in, out] Conv1D weight each layer
+    expected = sum(2 * sum(b.attn.c_attn.weight.shape) for b in gpt2.transformer.h)
+    assert memory.trained_parameters(gpt2.config, 2, ("c_attn",)) == expected

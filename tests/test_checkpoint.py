@@ -1,5 +1,6 @@
 """checkpoint.py and train.py's guards: nothing lost to a kill, a damaged file, a second run or a NaN."""
 import copy
+import shutil
 import errno
 import gc
 import json
@@ -318,7 +319,9 @@ def test_a_manifest_or_run_json_of_the_wrong_shape_is_one_line(base, tmp_path):
     args = training.parse_args(["--run-dir", run_dir])
     with pytest.raises(SystemExit) as e:
         checkpoint.check(run_dir, args, resume=False, overwrite=False)
-    assert str(e.value.code).startswith(f"--run-dir {run_dir} holds a run: pass --resume")
+    # its one checkpoint is damaged: the line does not promise a --resume that would fail
+    assert str(e.value.code).startswith(f"--run-dir {run_dir} holds a run: it has no checkpoint --resume could "
+                                        f"continue from; --overwrite")
 
 
 def test_metrics_survive_a_partial_last_line_and_a_missing_file(base, tmp_path, capsys):
@@ -612,3 +615,90 @@ def test_a_missing_dataset_file_stops_before_anything_loads_and_a_dry_run_needs_
     # gives the prompt length, the default one for a file)
     train.main(["--dataset", str(missing), "--dry-run"])
     assert "peak:" in capsys.readouterr().out
+
+
+# ---- nothing lost, round two (issue 41) --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("inside", ["checkpoint.prev/x", "checkpoint", "heatmaps/y", "notes"])
+def test_a_run_folder_inside_another_run_is_refused(base, tmp_path, inside):
+    # a run made in another run's checkpoint.prev was taken away with it by that run's next save
+    outer = tmp_path / "outer"
+    train.main(["--steps", "2", "--save-every", "1", "--run-dir", str(outer), *SMALL])
+    inner = outer / inside
+    message = refused(["--steps", "1", "--run-dir", str(inner), *SMALL])
+    assert message == f"--run-dir {inner}: inside the run {outer} (its next save or --overwrite would take this " \
+                      f"folder with it); choose a folder outside it"
+    assert not (outer / "notes").exists()
+
+
+def test_a_save_never_deletes_what_it_did_not_write(base, tmp_path):
+    # something put by hand in checkpoint.prev (a run, a file): the next save stops in one line and leaves it; the last
+    # checkpoint is intact and the run resumes once it is moved out
+    run_dir = tmp_path / "run"
+    train.main(["--steps", "2", "--save-every", "1", "--run-dir", str(run_dir), *SMALL])
+    (run_dir / "checkpoint.prev" / "notes.txt").write_text("mine")
+    message = refused(["--steps", "3", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
+    assert message.startswith(f"{run_dir / 'checkpoint.prev'}: holds what this run did not write "
+                              f"({run_dir / 'checkpoint.prev' / 'notes.txt'}), which it leaves in place")
+    assert (run_dir / "checkpoint.prev" / "notes.txt").read_text() == "mine"
+    assert checkpoint.problem(str(run_dir / "checkpoint")) is None  # the last checkpoint is whole
+    os.rename(run_dir / "checkpoint.prev" / "notes.txt", tmp_path / "notes.txt")
+    train.main(["--steps", "3", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
+    assert json.load(open(run_dir / "checkpoint" / "manifest.json"))["step"] == 3
+
+
+@pytest.mark.parametrize("part, kind", [("checkpoint", "file"), ("heatmaps", "file"), ("metrics.jsonl", "folder")])
+def test_a_run_folder_part_of_the_wrong_kind_is_one_line(base, tmp_path, part, kind):
+    run_dir = tmp_path / "run"
+    train.main(["--steps", "1", "--run-dir", str(run_dir), *SMALL])
+    path = run_dir / part
+    if path.exists():
+        (shutil.rmtree if path.is_dir() else os.remove)(path)
+    path.mkdir() if kind == "folder" else path.write_text("x")
+    message = refused(["--steps", "2", "--resume", "--run-dir", str(run_dir), *SMALL])
+    want = "a file where the run keeps a folder" if kind == "file" else "a folder where the run keeps a file"
+    assert message == f"--run-dir {run_dir}: {path} is {want}; move it away, or choose another --run-dir"
+
+
+def test_the_hint_offers_resume_only_when_a_checkpoint_can_be_resumed(base, tmp_path):
+    run_dir = tmp_path / "run"
+    train.main(["--steps", "1", "--save-every", "0", "--no-final-save", "--run-dir", str(run_dir), *SMALL])
+    message = refused(["--steps", "1", "--run-dir", str(run_dir), *SMALL])
+    assert "it has no checkpoint --resume could continue from" in message and "pass --resume" not in message
+    train.main(["--steps", "1", "--overwrite", "--run-dir", str(run_dir), *SMALL])
+    message = refused(["--steps", "1", "--run-dir", str(run_dir), *SMALL])
+    assert f"pass --resume to continue it from {run_dir / 'checkpoint'}" in message
+
+
+def test_a_full_disk_is_said_before_the_model_loads_and_before_a_save(base, tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    real = shutil.disk_usage
+    free = {"bytes": 1 << 20}  # 1 MiB: less than the tiny model's checkpoint (3 MB of weights, 6 MB of moments)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: real(p)._replace(free=free["bytes"]))
+    monkeypatch.setattr(train.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    message = refused(["--steps", "2", "--run-dir", str(run_dir), *SMALL])
+    assert message.startswith("this run's checkpoints take about 0.0") and "GiB are free there" in message
+    assert not run_dir.exists()
+    monkeypatch.undo()
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: real(p)._replace(free=free["bytes"]))
+    free["bytes"] = 1 << 40  # room at the start; then, before the second save, none
+    calls = {"n": 0}
+    room = checkpoint.check_room
+
+    def shrinking(*a, **k):
+        calls["n"] += 1
+        free["bytes"] = (1 << 40) if calls["n"] < 3 else (1 << 20)
+        return room(*a, **k)
+    monkeypatch.setattr(checkpoint, "check_room", shrinking)
+    message = refused(["--steps", "2", "--save-every", "1", "--run-dir", str(run_dir), *SMALL])
+    assert message.startswith("the checkpoint of step 2 takes about") and message.endswith(
+        f"{run_dir / 'checkpoint'} (step 1) is intact: --resume continues from it")
+    assert json.load(open(run_dir / "checkpoint" / "manifest.json"))["step"] == 1
+
+
+def test_a_checkpoints_files_have_the_runs_permissions(base, tmp_path):
+    # safetensors wrote the weights 0600: another user reading the run got "No such file" for model.safetensors
+    run_dir = tmp_path / "run"
+    train.main(["--steps", "1", "--run-dir", str(run_dir), *SMALL])
+    mode = os.stat(run_dir / "metrics.jsonl").st_mode & 0o777
+    assert {os.stat(p).st_mode & 0o777 for p in (run_dir / "checkpoint").iterdir()} == {mode}

@@ -336,3 +336,19 @@ def test_a_named_benchmark_missing_or_a_file_with_no_usable_problem_exits_nonzer
         data.main([str(good), "math500", str(bad), "--data-dir", str(tmp_path)])
     assert e.value.code == f"data.py: 2 of 3 failed: math500 test, {bad}: no usable problem (said above)"
     assert f"{good}: loaded 1 rows" in capsys.readouterr().out
+
+
+def test_a_lone_surrogate_is_one_bad_row_in_every_loader(tmp_path, monkeypatch, capsys):
+    # JSON's "\ud800" escape reads as a lone surrogate, which every tokenizer refused with a traceback: one bad row,
+    # reported with its line and skipped, wherever a row is read (a run's data, a benchmark, answers given in turn)
+    monkeypatch.setattr(data, "INSTRUCTION", "")  # the tiny tokenizer cannot write the papers' instruction
+    path = tmp_path / "sums.jsonl"
+    path.write_text('{"question": "1+1=?", "answer": "2"}\n{"question": "1+\\ud800=?", "answer": "2"}\n'
+                    '{"question": "2+2=?", "answer": "\\udfff4"}\n{"question": "3+3=?", "answer": "6"}\n')
+    problems, skipped = data.load(str(path), "test")
+    assert [p["question"] for p in problems] == ["1+1=?", "3+3=?"]
+    assert skipped == [f"{path}:2: text that is not valid Unicode (a lone surrogate, '\\ud800', at character 3) in "
+                       f"the question", f"{path}:3: text that is not valid Unicode (a lone surrogate, '\\udfff', at "
+                       f"character 1) in the answer"]
+    pool = data.run_problems(str(path), "tiny", tiny.build_tokenizer(), eval_limit=2).pool  # train.py's loader
+    assert [p["question"] for p in pool] == ["1+1=?", "3+3=?"] and "2 not unicode" in capsys.readouterr().err

@@ -178,3 +178,14 @@ def test_the_second_opinion_agrees_on_the_tiny_model(base, tmp_path, capsys):
     # a first few problems in other batches: float32 greedy does not depend on its batch's padding here
     report = check_eval.main([str(out), "--threads", "1", "--limit", "5", "--batch-size", "2"])["tiny"]
     assert report["n"] == 5 and report["same_text"] == report["agree"] == 5
+
+
+def test_the_progress_bar_counts_problems_and_tokens_a_second(base, capsys):
+    # a real model's batch decodes for half an hour: the bar says how many problems are done and how fast tokens come
+    # (it moved per batch only, and a 64-problem batch showed nothing for half an hour)
+    model, tok = base
+    qs = tiny.eval_problems()[:6]
+    evaluate.score(model, tok, [tiny.prompt(q) for q in qs], [tiny.answer(q) for q in qs], max_new_tokens=8,
+                   batch_size=4, desc="tiny greedy")
+    err = capsys.readouterr().err
+    assert "/6 [" in err and "problem/s" in err and "tokens/s" in err  # problems of 6, their rate, the tokens'

@@ -1,5 +1,5 @@
-"""LoRA (infra/lora.py, --lora-rank): the adapters' gradients against finite differences, the merged checkpoint
-against the adapted model, resume bit for bit, the frozen weights untouched; and --bf16 against float32 within
+"""LoRA (infra/lora.py, --lora-rank): the adapters' gradients against finite differences, the adapter checkpoint
+opened as the adapted model (by --model, peft and tools.merge), resume bit for bit, the frozen weights untouched; and --bf16 against float32 within
 bf16's precision, on log-probs and on advantages."""
 import json
 import os
@@ -68,35 +68,46 @@ def test_adapter_gradients_equal_finite_differences(base, float64_exact):
 
 
 def adapted_model(run_dir):
-    """The tiny base with the adapters the checkpoint's state.pt holds, as train.py resumes it."""
+    """The tiny base with the adapters the checkpoint's adapter file holds, as train.py resumes it."""
     model, tok, _ = tiny.load_or_build()
-    lora.wrap(model, rank=4, alpha=16.0)
-    state = torch.load(os.path.join(run_dir, "checkpoint", "state.pt"), weights_only=False)
-    missing, unexpected = model.load_state_dict(state["adapter"], strict=False)
-    assert not unexpected and all("lora_" not in k for k in missing)
+    wrapped = lora.wrap(model, rank=4, alpha=16.0)
+    lora.load_adapters(wrapped, os.path.join(run_dir, "checkpoint"))
     return model.eval(), tok
 
 
-def test_the_merged_checkpoint_is_the_adapted_model_and_the_base_did_not_move(base, tmp_path):
+def test_a_lora_checkpoint_is_the_adapters_and_opens_as_the_adapted_model(base, tmp_path):
+    # the checkpoint holds peft's adapter files (kilobytes here, 148 MB at rank 32 on a 1.5B) instead of the
+    # merged model (7 GB a checkpoint at 1.5B): train.py's --model, evaluate.py and TRL open it as base + adapters
+    # merged (infra/models.py), peft opens it itself, and tools.merge writes the merged model when one is wanted
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+    from infra import models
+    from tools import merge
     run_dir = tmp_path / "run"
     train.main(["--method", "ktae", "--steps", "2", "--run-dir", str(run_dir), *SMALL])
+    ckpt = run_dir / "checkpoint"
+    files = set(os.listdir(ckpt))
+    assert {lora.ADAPTER_CONFIG, lora.ADAPTER_FILE, "state.pt", "manifest.json"} <= files
+    assert not any(f.startswith("model") for f in files)  # no merged copy of the model
+    assert json.loads((ckpt / lora.ADAPTER_CONFIG).read_text())["base_model_name_or_path"] == base[0].name_or_path
     adapted, tok = adapted_model(run_dir)
-    merged = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoint").eval()
     ids = torch.tensor(prompts(tok, 1))
+    merge.main([str(ckpt), str(tmp_path / "merged")])
     with torch.no_grad():
         want = adapted(ids).logits
-        assert_close(merged(ids).logits, want, rel=1e-5, what="merged checkpoint vs adapted model")
-        fresh, _, _ = tiny.load_or_build()  # the adapter beside the checkpoint opens with peft itself
-        by_peft = PeftModel.from_pretrained(fresh, str(run_dir / "checkpoint" / lora.ADAPTER_DIR)).eval()
-        assert_close(by_peft(ids).logits, want, rel=1e-5, what="peft's adapter vs adapted model")
+        opened, opened_tok, _ = models.load_model(str(ckpt))  # as --model RUN/checkpoint opens it
+        assert_close(opened.eval()(ids).logits, want, rel=1e-5, what="the checkpoint as --model vs adapted model")
+        assert opened_tok(tiny.prompt("7+8"))["input_ids"] == tok(tiny.prompt("7+8"))["input_ids"]
+        fresh, _, _ = tiny.load_or_build()
+        by_peft = PeftModel.from_pretrained(fresh, str(ckpt)).eval()
+        assert_close(by_peft(ids).logits, want, rel=1e-5, what="peft's own opening vs adapted model")
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+        assert_close(merged(ids).logits, want, rel=1e-5, what="tools.merge's model vs adapted model")
     # the frozen weights did not move: what is not a projection is the base's, bit for bit; a projection is the
     # base's plus the adapters' product
     original = dict(base[0].named_parameters())
-    state = merged.state_dict()
     moved = 0.0
-    for name, w in state.items():
+    for name, w in merged.state_dict().items():
         if name not in original:
             continue
         if any(f".{t}." in name for t in lora.TARGETS) and name.endswith("weight"):
@@ -129,7 +140,8 @@ def test_a_lora_run_resumes_bit_for_bit(base, tmp_path):
                         for r in rs if "accuracy" in r]
     assert len(strip(read(f"{a}/metrics.jsonl"))) == 4
     assert strip(read(f"{a}/metrics.jsonl")) == strip(read(f"{b}/metrics.jsonl"))
-    sa, sb = (torch.load(f"{d}/checkpoint/state.pt", weights_only=False)["adapter"] for d in (a, b))
+    from safetensors.torch import load_file
+    sa, sb = (load_file(f"{d}/checkpoint/{lora.ADAPTER_FILE}") for d in (a, b))
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
@@ -163,11 +175,11 @@ def test_bf16_agrees_with_float32_within_its_precision(base):
     rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
     batch["correct"] = rewards.view(-1) > 0
     problems = [{"answer": "1"}] * 4
-    from config import parse_args
+    from config import training
     for rule in ("oar-g", "ktae"):
         got = {}
         for bf16 in (False, True):
-            a = parse_args(["--method", rule, "--group-size", "4"] + (["--bf16"] if bf16 else []))
+            a = training.parse_args(["--method", rule, "--group-size", "4"] + (["--bf16"] if bf16 else []))
             torch.manual_seed(1)  # OAR-G's noise: the same draw in both
             got[bf16] = methods.RULES[rule].advantages(batch, rewards, m, methods.Context(a, model, tok, problems))
         assert torch.equal(got[True].tokens, got[False].tokens), rule

@@ -26,7 +26,7 @@ import ktae
 import reward
 import sample
 import train
-from conftest import THREADS, assert_close, checkpoint_reopens, greedy_equals_generate, oar_span
+from conftest import THREADS, alternating_grader, assert_close, checkpoint_reopens, greedy_equals_generate, oar_span
 from infra import fastpath, models
 
 NAME = "qwen2.5-coder-0.5b"
@@ -82,8 +82,8 @@ def test_sampled_logprobs_equal_the_training_forward_with_and_without_shared_pro
 @pytest.mark.parametrize("method", ["ktae", "oar-g"])
 def test_one_rl_step_on_the_papers_prompt(qwen, monkeypatch, tmp_path, method):
     # A 0.5B model answers these few problems all right or all wrong, and such groups have no advantage (G1):
-    # grading "even length is right" mixes every group, so every step updates (the real grader: test_reward.py).
-    monkeypatch.setattr(reward, "is_correct", lambda text, gold, stats=None: len(text) % 2 == 0)
+    # grading every other rollout right (conftest) mixes every group, so every step updates (the real grader: test_reward.py).
+    monkeypatch.setattr(reward, "is_correct", alternating_grader())
     problems, held = tmp_path / "problems.jsonl", tmp_path / "held.jsonl"
     problems.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
     held.write_text(json.dumps({"question": "Sam has 10 apples and eats 3. How many are left?", "answer": "7"}) + "\n")

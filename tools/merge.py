@@ -1,0 +1,32 @@
+"""A LoRA checkpoint's adapters merged into its base, written as an ordinary model directory (float32), for a tool
+that opens models with AutoModelForCausalLM alone. train.py, evaluate.py and the TRL scripts open the checkpoint
+itself (infra/models.py merges on load), so this copy is needed only elsewhere.
+
+    python -m tools.merge runs/ktae-seed0/checkpoint runs/ktae-seed0/merged
+"""
+import argparse
+import os
+import sys
+
+from infra import checkpoint, models
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="a LoRA checkpoint's adapters merged into its base (tools.merge)")
+    p.add_argument("checkpoint", help="a train.py LoRA checkpoint: adapter_config.json and adapter_model.safetensors")
+    p.add_argument("out", help="the folder to write the merged model to (new, or empty)")
+    args = p.parse_args(argv)
+    if not models.adapter_base(args.checkpoint):
+        sys.exit(f"{args.checkpoint}: not a LoRA checkpoint (no adapter_config.json naming its base)")
+    if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
+        sys.exit(f"{args.out}: exists and is not an empty folder: choose another")
+    checkpoint.writable_dir(args.out, "out")
+    models.check_path(args.checkpoint, "checkpoint")
+    model, tokenizer, _ = models.load_model(args.checkpoint, "checkpoint")
+    model.save_pretrained(args.out)
+    tokenizer.save_pretrained(args.out)
+    print(f"wrote {args.out}: {models.adapter_base(args.checkpoint)} with {args.checkpoint}'s adapters merged")
+
+
+if __name__ == "__main__":
+    main()
