@@ -32,7 +32,7 @@ import oar
 import reward
 import sample
 from config import training
-from infra import checkpoint, guard, logbook, memory, models
+from infra import checkpoint, guard, logbook, memory, models, track
 
 
 def main(argv=None):
@@ -58,6 +58,8 @@ def main(argv=None):
         if not memory.out_of_memory(e):
             raise
         memory.stop(e, run.peaks, run.step + 1, run.log)
+    finally:
+        run.tracker.close()  # --report-to: a tracker's files are complete however the run ends
     return finish(run)
 
 
@@ -112,12 +114,15 @@ def loop(run):
         bar.set_postfix(reward=f"{record['reward_mean']:.2f}", len=f"{record['response_len']:.1f}")
 
         # ---- 7. evaluate, 8. save -----------------------------------------------------------------------------
-        heatmap = None  # the rule's token heat map of this batch, written with each evaluation
-        if rule.heatmap:
-            heatmap = lambda done: logbook.write_heatmap(  # noqa: E731
-                os.path.join(args.run_dir, "heatmaps", f"step{done}.html"), args.method, done,
-                rule.heatmap(adv, batch, mask, args), run.tokenizer, qs, batch, mask, rewards, adv)
-        if finish_step(run, step + 1, heatmap):
+        def shown(done):  # with each evaluation: the rule's token heat map, the trackers' table of completions
+            if rule.heatmap:
+                logbook.write_heatmap(os.path.join(args.run_dir, "heatmaps", f"step{done}.html"), args.method, done,
+                                      rule.heatmap(adv, batch, mask, args), run.tokenizer, qs, batch, mask, rewards,
+                                      adv)
+            if run.tracker.all:
+                run.tracker.table(done, logbook.COMPLETION_COLUMNS,
+                                  logbook.completions(run.tokenizer, qs, batch, rewards, adv))
+        if finish_step(run, step + 1, shown):
             break
 
 
@@ -142,9 +147,11 @@ class Run:
     watch: logbook.Watch = field(default_factory=logbook.Watch)  # the degenerate-run warnings given so far
     lock: object = None
     t_start: float = 0.0
+    tracker: track.Trackers = None  # --report-to: TensorBoard, wandb, trackio (none by default)
 
     def log(self, record: dict):
         checkpoint.append_metrics(self.metrics_path, record)
+        self.tracker.log(record)  # the same numbers under the same names
 
 
 def start(args, ckpt) -> Run:
@@ -173,6 +180,7 @@ def start(args, ckpt) -> Run:
     # the run directory is ours from here on (locked); on resume the metrics logged after the checkpoint go
     run.lock = checkpoint.claim(args.run_dir, args, args.resume, args.overwrite, ckpt)
     run.metrics_path = os.path.join(args.run_dir, "metrics.jsonl")
+    run.tracker = track.Trackers(args.report_to, args.run_dir, vars(args))
     if ckpt:
         kept = checkpoint.resume_metrics(run.metrics_path, run.step)
         print(f"resumed from {ckpt} at step {run.step}")
@@ -315,15 +323,15 @@ def run_eval(run: Run, step: int) -> float:
     return r["accuracy"]
 
 
-def finish_step(run: Run, done: int, heatmap=None) -> bool:
+def finish_step(run: Run, done: int, shown=None) -> bool:
     """7. evaluate and 8. save when due, and at the end or when out of time. True when the run should stop."""
     args, run.step = run.args, done
     out_of_time = args.max_minutes is not None and time.time() - run.t_start > 60 * args.max_minutes
     last_step = done == args.steps or out_of_time
     if (args.eval_every and done % args.eval_every == 0) or (last_step and args.final_eval):
         tqdm.write(f"step {done}: greedy held-out accuracy {run_eval(run, done):.3f}")
-        if heatmap is not None:
-            heatmap(done)
+        if shown is not None:
+            shown(done)
     if (args.save_every and done % args.save_every == 0) or (last_step and args.final_save):
         checkpoint.save_run(args.run_dir, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
                             run.problem_rng, args, run.buffer, run.adapters, models.base_name(args.model, run.model))

@@ -6,13 +6,14 @@ import contextlib
 import io
 import math
 import os
+import sys
 
 import data
 import methods
 import reward
-from config import shared
+from config import recipe, shared
 from config.shared import Refused, number
-from infra import lora
+from infra import lora, track
 
 
 def parser() -> argparse.ArgumentParser:
@@ -22,6 +23,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--method", choices=methods.names(), default="grpo", metavar="METHOD",
                    help="BASE+RULE (methods.py): grpo, dapo (its preset below), ktae = grpo+ktae, dapo+ktae, "
                         "oar-p / oar-g = grpo+oar-p / grpo+oar-g, dapo+oar-g, ...")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="a recipe: these flags as YAML keys (recipes/*.yaml), or a run's run.json to repeat it; the "
+                        "command line's flags win (config/recipe.py)")
     p.add_argument("--run-dir", default=None, help="default: runs/METHOD-seedSEED")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/checkpoint (same method and data)")
     p.add_argument("--overwrite", action="store_true",
@@ -128,6 +132,10 @@ def parser() -> argparse.ArgumentParser:
                         "--no-final-save")
     p.add_argument("--final-save", action=argparse.BooleanOptionalAction, default=True,
                    help="checkpoint after the last step (--no-final-save: a smoke test that leaves no checkpoint)")
+    p.add_argument("--report-to", default="none", metavar="NAMES",
+                   help="none, or trackers that show the run live, joined by commas: tensorboard, wandb (offline), "
+                        "trackio; each an optional install (requirements/track.txt), its files in RUN_DIR "
+                        "(infra/track.py)")
     # hardware
     p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward (GPU memory)")
     p.add_argument("--lora-rank", type=int, default=0,
@@ -148,8 +156,9 @@ def parser() -> argparse.ArgumentParser:
 def parse_args(argv=None):
     """train.py's settings from its command line: the flags, resolved (resolve); a refusal is argparse's error."""
     p = parser()
-    args = p.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
     with shared.as_errors_of(p):
+        args = p.parse_args(recipe.expand(p, argv))  # --config's flags first: the command line's, later, win
         return resolve(args)
 
 
@@ -247,5 +256,7 @@ def check(args):
         lora.peft()  # installed, or one line saying how
     if args.memory is not None and not args.memory > 0:
         raise Refused(f"--memory {args.memory}: must be greater than 0")
+    if track.problem(args.report_to):
+        raise Refused(track.problem(args.report_to))
     if args.resume and args.overwrite:
         raise Refused("--resume and --overwrite: choose one (continue the run, or delete it and start over)")

@@ -40,7 +40,7 @@ SAME_ON_RESUME = ["method", "model", "dataset", "group_size", "prompts_per_step"
 
 
 # what --overwrite deletes of the run before it
-CLEARED = ("metrics.jsonl", "run.json", CHECKPOINT, PREVIOUS, TMP, "heatmaps")
+CLEARED = ("metrics.jsonl", "run.json", CHECKPOINT, PREVIOUS, TMP, "heatmaps", "tensorboard", "wandb", "trackio")
 
 
 def fail(message: str):

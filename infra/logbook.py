@@ -127,6 +127,20 @@ class Watch:
             record["warnings"] = new
 
 
+COMPLETION_COLUMNS = ["problem", "completion", "reward", "advantage"]
+
+
+def completions(tokenizer, problems: list, batch: dict, rewards, adv, groups: int = 2) -> list:
+    """The rows of the completions table a tracker shows at each evaluation (--report-to): every rollout of the
+    step's first `groups` groups, its question, its text, its reward and its sequence advantage."""
+    G, resp = rewards.shape[1], batch["input_ids"][:, batch["prompt_len"]:]  # [N, T]
+    n = batch["response_mask"].sum(-1)  # [N] response tokens, EOS included
+    return [[problems[g].get("question", problems[g]["prompt"]),
+             tokenizer.decode(resp[i, :int(n[i])].tolist(), skip_special_tokens=True),
+             round(rewards[g, i - g * G].item(), 4), round(adv.seq[i].item(), 4)]
+            for g in range(min(groups, len(problems))) for i in range(g * G, (g + 1) * G)]
+
+
 def write_heatmap(path: str, method: str, step: int, heatmap, tokenizer, problems: list, batch: dict, mask, rewards,
                   adv):
     """A token heat map of the first group of the batch that mixes right and wrong answers (nothing when none does):

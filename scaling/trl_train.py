@@ -18,16 +18,24 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-import torch
-from datasets import Dataset
-from transformers import HfArgumentParser, TrainerCallback
-from trl import GRPOConfig, ModelConfig, get_peft_config
+from infra import track
 
-import data
-import evaluate
-from config import shared
-from infra import checkpoint, lora, models
-from scaling import trl_grpo
+# trackio fixes its store's folder when it is first imported, and TRL's GRPO trainer imports it: the folder under
+# --output_dir is set from the command line before anything imports TRL (keep_offline sets the other trackers' after)
+OUTPUT_DIR = "runs/trl"
+if __name__ == "__main__":  # run as a command (python -m, torchrun, accelerate launch), not imported by a test
+    track.trackio_dir_first(sys.argv[1:], "--output_dir", OUTPUT_DIR)
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
+from trl import GRPOConfig, ModelConfig, get_peft_config  # noqa: E402
+
+import data  # noqa: E402
+import evaluate  # noqa: E402
+from config import shared  # noqa: E402
+from infra import checkpoint, lora, models  # noqa: E402
+from scaling import trl_grpo  # noqa: E402
 
 
 @dataclass
@@ -54,7 +62,7 @@ class ScriptArguments:
 # max_completion_length 512, adam_beta2 0.999, seed 42). 64 rollouts per micro-batch x 2 = 16 prompts x 8 a step.
 # gradient_checkpointing (TRL's True) is the deprecated name of activation_checkpointing: None leaves both off,
 # and either flag given turns it on.
-DEFAULTS = dict(output_dir="runs/trl", learning_rate=5e-5, lr_scheduler_type="constant_with_warmup", warmup_steps=10,
+DEFAULTS = dict(output_dir=OUTPUT_DIR, learning_rate=5e-5, lr_scheduler_type="constant_with_warmup", warmup_steps=10,
                 adam_beta2=0.99, bf16=False, gradient_checkpointing=None, beta=0.0,
                 num_generations=8, max_completion_length=48, temperature=1.0, per_device_train_batch_size=64,
                 gradient_accumulation_steps=2, max_steps=250, logging_steps=10, save_strategy="no", report_to="none",
@@ -80,6 +88,15 @@ def parse(argv=None):
     for k, v in trl_grpo.grpo_config_options(args).items():
         if k not in given:
             setattr(cfg, k, v)
+    # --report_to: TRL's own trackers, kept offline with their files in output_dir (infra/track.py); TRL logs a
+    # table of completions with their rewards to wandb and trackio when log_completions is on
+    cfg.report_to = track.names(",".join(cfg.report_to) if isinstance(cfg.report_to, list) else cfg.report_to or "none")
+    if cfg.report_to:
+        track.keep_offline(cfg.output_dir)
+        cfg.project = cfg.project if "project" in given else track.PROJECT  # trackio's project (TRL: "huggingface")
+        if "trackio" in cfg.report_to:
+            track.check_trackio_dir()
+        cfg.log_completions = cfg.log_completions or "log_completions" not in given
     return script, cfg, args, model_cfg
 
 
@@ -97,6 +114,9 @@ def check(ns):
     for name in counts:
         if getattr(ns, name) < 1:
             sys.exit(f"--{name} {getattr(ns, name)}: must be at least 1")
+    asked = ",".join(ns.report_to) if isinstance(ns.report_to, list) else ns.report_to or "none"
+    if track.problem(asked):  # one line before the model loads; TRL's other integrations would go online
+        sys.exit(track.problem(asked).replace("--report-to", "--report_to"))
     if ns.eval_every < 0:
         sys.exit(f"--eval_every {ns.eval_every}: must be at least 0 (0: at the end only)")
     if shared.threads_problem(ns.threads):

@@ -1,0 +1,95 @@
+"""--config FILE: a recipe, the flags of a run as YAML keys (the flag's name with `-` or `_`), as TRL's `--config`
+and open-r1's recipes/ take them; flags on the command line win. A run's run.json is a recipe too: its settings
+repeat the run (where it ran, --resume, --overwrite and --dry-run are not repeated).
+
+    # recipes/smollm2-arith.yaml
+    model: smollm2-135m
+    dataset: arith
+    max-new-tokens: 40
+    bf16: false        # a switch: true gives --bf16, false --no-bf16 (or nothing, for a flag that is off by default)
+
+An unknown key, a value of the wrong kind or one the flag refuses is one line naming the file, the key and why.
+"""
+import argparse
+import contextlib
+import io
+import json
+
+import yaml
+
+from config.shared import Refused
+
+# what a run.json holds beside the flags that made the run: resolve()'s derived values, and the run's place and
+# mode, which a repeat does not inherit (it would land in, resume or delete the run it copies)
+DERIVED = ("base", "rule")
+NOT_REPEATED = ("run_dir", "resume", "overwrite", "dry_run", "config")
+
+
+def read(path: str) -> dict:
+    """The recipe's keys and values; a run.json gives its settings. A file that is missing, not YAML or not a
+    mapping is Refused in one line."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = yaml.safe_load(f)
+    except OSError as e:
+        raise Refused(f"--config {path}: cannot be read ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        raise Refused(f"--config {path}: not YAML ({getattr(e, 'problem', None) or e}"
+                      + (f", line {where.line + 1})" if where else ")")) from None
+    if isinstance(values, dict) and isinstance(values.get("args"), dict) and "method" in values:  # a run.json
+        values = {k: v for k, v in values["args"].items() if k not in DERIVED + NOT_REPEATED}
+    if not isinstance(values, dict):
+        raise Refused(f"--config {path}: a recipe is a mapping of flags to values (key: value lines), not "
+                      f"{type(values).__name__}")
+    return values
+
+
+def tokens(action: argparse.Action, key: str, value, path: str) -> list:
+    """One key's value as the command-line words of its flag."""
+    flag = action.option_strings[0]
+    if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:  # a switch
+        if not isinstance(value, bool):
+            raise Refused(f"--config {path}: {key}: {value!r} is not true or false (a switch)")
+        if isinstance(action, argparse.BooleanOptionalAction):
+            return [flag if value else "--no-" + flag[2:]]
+        return [flag] if value else []
+    if isinstance(value, (dict, list, bool)):
+        raise Refused(f"--config {path}: {key}: {json.dumps(value)} is not a value {flag} takes")
+    return [flag, str(value)]
+
+
+def argv_of(p: argparse.ArgumentParser, path: str) -> list:
+    """The recipe at path as command-line words for p, each key checked alone against its flag (a bad one is Refused
+    naming the file and the key). Keys with a null value are left out: the flag keeps its default."""
+    flags = {a.dest: a for a in p._actions if a.option_strings and a.dest != "help"}
+    words = []
+    for key, value in read(path).items():
+        action = flags.get(str(key).replace("-", "_"))
+        if action is None:
+            raise Refused(f"--config {path}: {key}: not a flag of this command (see its --help)")
+        if action.dest == "config":
+            raise Refused(f"--config {path}: {key}: a recipe cannot name another recipe")
+        if value is None:
+            continue
+        said = tokens(action, key, value, path)
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                p.parse_args(said)
+        except SystemExit:
+            lines = err.getvalue().strip().splitlines()
+            why = lines[-1].split("error: ", 1)[-1] if lines else "refused"
+            raise Refused(f"--config {path}: {key}: {why}") from None
+        words += said
+    return words
+
+
+def expand(p: argparse.ArgumentParser, argv: list) -> list:
+    """argv with --config FILE's flags put first, so that the command line's own flags, read later, win."""
+    for i, word in enumerate(argv):
+        if word == "--config" and i + 1 < len(argv):
+            return argv_of(p, argv[i + 1]) + argv
+        if word.startswith("--config="):
+            return argv_of(p, word.split("=", 1)[1]) + argv
+    return argv

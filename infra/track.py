@@ -1,0 +1,168 @@
+"""--report-to: the run's records sent, as metrics.jsonl receives them, to trackers people watch live (TensorBoard,
+Weights & Biases, trackio), plus at each evaluation a table of the step's sampled completions with their rewards.
+
+metrics.jsonl stays the record this project reads; a tracker gets the same numbers under the same names, step by
+step. Every tracker is an optional install (requirements/track.txt), imported only when asked for, and works
+offline with its files under the run directory:
+
+    tensorboard   RUN/tensorboard/events.out.tfevents.*       tensorboard --logdir RUN/tensorboard
+    wandb         RUN/wandb/offline-run-*/ (mode offline)     wandb sync RUN/wandb/offline-run-*   (to upload)
+    trackio       RUN/trackio/PROJECT.db (a SQLite store)     TRACKIO_DIR=RUN/trackio trackio show
+
+--resume continues the same tracker run where the tracker allows it: TensorBoard adds an event file that its
+reader merges, wandb reuses the run's id (offline, each session is a folder of its own that `wandb sync` joins),
+trackio reopens the run by name. The steps after the checkpoint, logged again, appear twice in TensorBoard.
+"""
+import importlib.util
+import json
+import math
+import os
+import secrets
+
+INSTALL = "pip install -r requirements/track.txt"
+PROJECT = "critic-free-rl"
+
+
+def keep_offline(run_dir: str):
+    """Every tracker's files under run_dir, and wandb offline unless WANDB_MODE says otherwise: wandb otherwise
+    writes to ~/.cache and ~/.local, trackio to ~/.cache/huggingface, TRL's TensorBoard to output_dir/runs/DATE.
+    TRACKIO_DIR is read when trackio is first imported: one store a process."""
+    os.environ["TENSORBOARD_LOGGING_DIR"] = os.path.join(run_dir, "tensorboard")
+    for var in ("WANDB_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_CONFIG_DIR"):
+        os.environ[var] = os.path.join(run_dir, "wandb")
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    os.environ.setdefault("WANDB_PROJECT", PROJECT)
+    os.environ["TRACKIO_DIR"] = os.path.join(run_dir, "trackio")
+
+
+def trackio_dir_first(argv: list, flag: str, default: str):
+    """TRACKIO_DIR from the run folder a command line names, set before trackio can be imported (scaling/trl_train.py:
+    TRL imports it with its trainer, and trackio reads the variable once)."""
+    out = default
+    for i, word in enumerate(argv):
+        if word == flag and i + 1 < len(argv):
+            out = argv[i + 1]
+        elif word.startswith(flag + "="):
+            out = word.split("=", 1)[1]
+    os.environ.setdefault("TRACKIO_DIR", os.path.join(out, "trackio"))
+
+
+def check_trackio_dir():
+    """trackio, once imported, writes to the store it found then: say so if that is not this run's."""
+    import trackio.utils
+    if os.path.abspath(trackio.utils.TRACKIO_DIR) != os.path.abspath(os.environ["TRACKIO_DIR"]):
+        raise SystemExit(f"--report-to trackio: this process opened trackio's store at {trackio.utils.TRACKIO_DIR} "
+                         f"already, and trackio keeps one store a process: run this one in a process of its own")
+
+
+def numbers(record: dict) -> dict:
+    """The record's finite numbers (a tracker plots numbers; null, text and lists stay in metrics.jsonl)."""
+    return {k: float(v) for k, v in record.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+class TensorBoard:
+    package = "tensorboard"
+
+    def __init__(self, run_dir: str, name: str, config: dict):
+        from torch.utils.tensorboard import SummaryWriter
+        self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+        self.writer.add_text("config", "```\n" + json.dumps(config, indent=1, default=str) + "\n```", 0)
+
+    def log(self, record: dict):
+        for k, v in numbers(record).items():
+            self.writer.add_scalar(k, v, record["step"])
+        self.writer.flush()  # a run watched live shows each step as it ends
+
+    def table(self, step: int, columns: list, rows: list):
+        cell = lambda v: str(v).replace("|", "\\|").replace("\n", " ")  # noqa: E731 (a Markdown table cell)
+        text = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+                         + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows])
+        self.writer.add_text("completions", text, step)
+        self.writer.flush()
+
+    def close(self):
+        self.writer.close()
+
+
+class Wandb:
+    package = "wandb"
+
+    def __init__(self, run_dir: str, name: str, config: dict):
+        keep_offline(run_dir)
+        import wandb
+        self.wandb = wandb
+        os.makedirs(os.path.join(run_dir, "wandb"), exist_ok=True)
+        id_file = os.path.join(run_dir, "wandb", "run-id")  # --resume continues the run of this id
+        run_id = open(id_file).read().strip() if os.path.exists(id_file) else secrets.token_hex(4)
+        with open(id_file, "w") as f:
+            f.write(run_id)
+        self.run = wandb.init(project=PROJECT, name=name, id=run_id, resume="allow", dir=run_dir, config=config)
+
+    def log(self, record: dict):
+        self.run.log(numbers(record), step=record["step"])
+
+    def table(self, step: int, columns: list, rows: list):
+        self.run.log({"completions": self.wandb.Table(columns=columns, data=rows)}, step=step)
+
+    def close(self):
+        self.run.finish()
+
+
+class Trackio:
+    package = "trackio"
+
+    def __init__(self, run_dir: str, name: str, config: dict):
+        keep_offline(run_dir)
+        import trackio
+        check_trackio_dir()
+        self.trackio = trackio
+        trackio.init(project=PROJECT, name=name, config=config, resume="allow", embed=False, auto_log_cpu=False)
+
+    def log(self, record: dict):
+        self.trackio.log(numbers(record), step=record["step"])
+
+    def table(self, step: int, columns: list, rows: list):
+        self.trackio.log({"completions": self.trackio.Table(columns=columns, data=rows)}, step=step)
+
+    def close(self):
+        self.trackio.finish()
+
+
+TRACKERS = {"tensorboard": TensorBoard, "wandb": Wandb, "trackio": Trackio}
+
+
+def names(text: str) -> list:
+    """--report-to's value as tracker names: "none", or names joined by commas."""
+    return [] if text.strip() == "none" else [t.strip() for t in text.split(",") if t.strip()]
+
+
+def problem(text: str):
+    """Why --report-to TEXT cannot be honoured (an unknown name, a tracker not installed), or None: said in one line
+    before the model loads."""
+    for name in names(text):
+        if name not in TRACKERS:
+            return f"--report-to {text}: {name!r} is not one of none, {', '.join(TRACKERS)}"
+        if importlib.util.find_spec(TRACKERS[name].package) is None:
+            return f"--report-to {name}: the {TRACKERS[name].package} package is not installed: {INSTALL}"
+    return None
+
+
+class Trackers:
+    """The trackers --report-to names, started once the run directory is the run's; each call goes to all."""
+
+    def __init__(self, text: str, run_dir: str, config: dict):
+        self.all = [TRACKERS[n](run_dir, os.path.basename(os.path.abspath(run_dir)), config) for n in names(text)]
+
+    def log(self, record: dict):
+        for t in self.all:
+            t.log(record)
+
+    def table(self, step: int, columns: list, rows: list):
+        for t in self.all:
+            t.table(step, columns, rows)
+
+    def close(self):
+        for t in self.all:
+            t.close()
