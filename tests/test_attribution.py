@@ -110,3 +110,18 @@ def test_the_command_locates_scores_and_resumes_on_the_tiny_world(base, tmp_path
     assert "against the exact first error" in capsys.readouterr().out
     attribution.main(flags)
     assert [json.loads(x) for x in open(out / "rollouts.jsonl")] == lines
+
+
+def test_groups_drawn_in_blocks_are_drawn_again_when_a_killed_run_resumes(base, tmp_path):
+    # --group-batch 3: problems 0-2 in one sampling call, 3 alone. A run killed after problem 1 (its lines for
+    # problem 2 cut) draws block 0-2 again on resume and must write the lines of the run never stopped
+    out = tmp_path / "att"
+    flags = ["--model", "tiny", "--dataset", "tiny", "--limit", "4", "--n", "4", "--threads", str(THREADS),
+             "--rules", "none,ktae", "--group-batch", "3", "--out", str(out)]
+    attribution.main(flags)
+    whole = open(out / "rollouts.jsonl").read().splitlines()
+    cut = next(k for k, x in enumerate(whole) if json.loads(x)["problem"] == 2)
+    (out / "rollouts.jsonl").write_text("\n".join(whole[:cut]) + "\n" + whole[cut][:20])  # and a half-written line
+    attribution.main(flags)
+    assert open(out / "rollouts.jsonl").read().splitlines() == whole
+    assert sum(json.loads(x).get("mixed", False) for x in whole) >= 1  # something was located or scored

@@ -69,6 +69,10 @@ def parser() -> argparse.ArgumentParser:
                    help="score rules that run a forward per response token (methods.Rule.scoring 'forward': OAR-P) on "
                         "the groups of the first N located rollouts only")
     p.add_argument("--batch", type=int, default=64, help="rows per sampling call (probes x n)")
+    p.add_argument("--group-batch", type=int, default=1,
+                   help="problems whose groups are sampled in one call, G x this many rows (most groups of a weak "
+                        "model do not mix, and 8 rows alone use the machine poorly); 1: each alone. The groups of a "
+                        "block of this many problems are drawn together, so a resumed run draws them again")
     p.add_argument("--per-problem", type=int, default=0,
                    help="locate at most this many wrong rollouts of a group (0: all; the rules score the whole group "
                         "either way): more problems for the same cost")
@@ -80,7 +84,7 @@ def check(p, args):
         shared.check_shared(args)
         shared.check_seed(args.seed)
         shared.at_least(args, {"limit": 1, "group_size": 2, "n": 1, "batch": 1, "max_new_tokens": 1,
-                               "oar_p_limit": 0, "per_problem": 0})
+                               "oar_p_limit": 0, "per_problem": 0, "group_batch": 1})
     if not args.temperature >= shared.MIN_TEMPERATURE:
         p.error(f"--temperature {args.temperature}: must be at least {shared.MIN_TEMPERATURE}")
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
@@ -211,26 +215,31 @@ def exact_step(world: World, problem: dict, ids: list, spans: list):
     return None if token is None else next(s for s, (a, b) in enumerate(spans) if a <= token < b)
 
 
-def sample_group(world: World, i: int, problem: dict):
-    """The group of problem i: G rollouts, graded; seeded by the problem, so a resumed run draws it again."""
-    a = world.args
-    torch.manual_seed(a.seed * 100_003 + i)
-    prompt = world.tok(problem["prompt"])["input_ids"]
+def sample_groups(world: World, first: int, problems: list) -> dict:
+    """The groups of problems first, first + 1, ...: G rollouts each, graded, {i: (prompt, batch, responses,
+    correct)}. Seeded by the first problem (one problem alone: by it, as before --group-batch), so a resumed run
+    draws the same groups."""
+    a, G = world.args, world.args.group_size
+    torch.manual_seed(a.seed * 100_003 + first if len(problems) == 1 else a.seed * 100_003 + 1_000_000_007 + first)
+    prompts = [world.tok(q["prompt"])["input_ids"] for q in problems]
     with sample.autocast(a.device, a.bf16):
-        batch = sample.generate(world.model, [prompt], n=a.group_size, max_new_tokens=a.max_new_tokens,
-                                temperature=a.temperature, eos_id=world.tok.eos_token_id,
-                                pad_id=world.tok.pad_token_id)
-    P, m = batch["prompt_len"], batch["response_mask"]
-    ends = (m.sum(-1) - (~batch["truncated"]).long()).tolist()  # response tokens before the EOS
-    responses = [batch["input_ids"][r, P:P + e].tolist() for r, e in enumerate(ends)]
-    correct = [reward.is_correct(world.text(r), problem["answer"]) is True for r in responses]
-    return prompt, batch, responses, correct
+        both = sample.generate(world.model, prompts, n=G, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                               eos_id=world.tok.eos_token_id, pad_id=world.tok.pad_token_id)
+    out = {}
+    for k, (prompt, problem) in enumerate(zip(prompts, problems)):
+        batch = sample.select_rows(both, torch.arange(k * G, (k + 1) * G))  # problem k's rows, prompt-major
+        P, m = batch["prompt_len"], batch["response_mask"]
+        ends = (m.sum(-1) - (~batch["truncated"]).long()).tolist()  # response tokens before the EOS
+        responses = [batch["input_ids"][r, P:P + e].tolist() for r, e in enumerate(ends)]
+        correct = [reward.is_correct(world.text(r), problem["answer"]) is True for r in responses]
+        out[first + k] = (prompt, batch, responses, correct)
+    return out
 
 
-def run_problem(world: World, i: int, problem: dict, write, scored: dict) -> dict:
-    """Sample, locate and score one problem's group; write its lines. Returns the problem's line."""
+def run_problem(world: World, i: int, problem: dict, write, scored: dict, group) -> dict:
+    """Locate and score one problem's group (sample_groups); write its lines. Returns the problem's line."""
     a = world.args
-    prompt, batch, responses, correct = sample_group(world, i, problem)
+    prompt, batch, responses, correct = group
     line = {"problem": i, "done": True, "correct": sum(correct), "group": a.group_size}
     if not 0 < sum(correct) < a.group_size:
         return {**line, "mixed": False}
@@ -408,9 +417,15 @@ def main(argv=None):
         def write(line):
             f.write(json.dumps(line) + "\n")
             f.flush()
-        bar = tqdm(todo, desc="problems")
+        bar, groups, K = tqdm(todo, desc="problems"), {}, args.group_batch
         for i in bar:
-            line = (run_given if args.responses else run_problem)(world, i, problems[i], write, scored)
+            if args.responses:
+                line = run_given(world, i, problems[i], write, scored)
+            else:
+                if i not in groups:  # the block of K problems i falls in, done ones included: the same draws
+                    first = i - i % K
+                    groups = sample_groups(world, first, problems[first:first + K])
+                line = run_problem(world, i, problems[i], write, scored, groups.pop(i))
             write(line)
             bar.set_postfix(located=sum(1 for x in read_lines(path) if "rollout" in x))
     text = report(out, read_lines(path), world.task is not None, time.time() - t0 if todo else None)
