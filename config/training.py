@@ -112,8 +112,8 @@ def parser() -> argparse.ArgumentParser:
                         "'\\boxed{', OAR's sentence elsewhere: EQUATIONS.md#oar-spans)")
     # GRAIL (grail.py R1-R6; its scoring chunk is --oar-chunk's)
     p.add_argument("--grail-symmetry", choices=["wrong", "correct", "both"], default="wrong",
-                   help="R5: the rollouts weighted by saliency: of negative advantage (the authors' default), positive, "
-                        "or both; the others keep weight 1 but on their box")
+                   help="R5: the rollouts weighted by saliency: of negative advantage (the authors' default), "
+                        "positive, or both; the others keep weight 1 but on their box")
     p.add_argument("--grail-std", type=number, default=0.5, help="R5: w = 1 + std z before the clip")
     p.add_argument("--grail-min", type=number, default=0.5, help="R5: the smallest weight")
     p.add_argument("--grail-max", type=number, default=5.0, help="R5: the largest weight, and the box's content's")

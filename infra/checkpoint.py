@@ -100,7 +100,8 @@ def check(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
                 if info else "a run")
         can = resumable(run_dir)
         fail(f"--run-dir {run_dir} holds {what}: "
-             + (f"pass --resume to continue it from {can}, " if can else "it has no checkpoint --resume could continue from; ")
+             + (f"pass --resume to continue it from {can}, " if can
+                else "it has no checkpoint --resume could continue from; ")
              + "--overwrite to start over, or choose another --run-dir")
 
 

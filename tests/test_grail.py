@@ -37,6 +37,7 @@ def test_r2_the_answer_loss_at_the_temperature_and_its_gradient():
     assert loss.item() == pytest.approx(-math.log(math.sqrt(3) / (1 + math.sqrt(3))))
     loss.backward()  # dL/dz = (softmax(z / T) - onehot) / T: [0.366 - 0, 0.634 - 1] / 2 on the answer's position
     p1 = math.sqrt(3) / (1 + math.sqrt(3))
+    # margin: the two paths used 0.081 of the tolerance at worst (this project's CPU, 2026-11-25; TEST_MARGINS)
     assert_close(logits.grad, torch.tensor([[[(1 - p1) / 2, (p1 - 1) / 2], [0.0, 0.0]]]), rel=1e-6)
 
 
@@ -44,6 +45,7 @@ def test_r3_saliency_is_the_norm_of_the_elementwise_product():
     # position 0: g * e = [3 * 1, 4 * 1] -> 5; position 1: [1 * 2, -2 * 1] -> sqrt(8); |<g, e>| would be 7 and 0
     g = torch.tensor([[[3.0, 4.0], [1.0, -2.0]]])
     e = torch.tensor([[[1.0, 1.0], [2.0, 1.0]]])
+    # margin: 0, bit for bit on this project's CPU (2026-11-25); the tolerance is for other CPUs' kernels
     assert_close(grail.saliency(g, e), torch.tensor([[5.0, math.sqrt(8)]]), rel=1e-7)
 
 
@@ -55,6 +57,7 @@ def test_r4_standardise_uses_the_population_variance_over_the_rollouts_tokens():
     mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0]])
     z = grail.standardise(s, mask)
     expect = torch.tensor([[-2.0, -1.0, 0.0, 1.0, 2.0, 0.0, 0.0]]) / math.sqrt(2)
+    # margin: the two paths used 0.012 of the tolerance at worst (this project's CPU, 2026-11-25; TEST_MARGINS)
     assert_close(z, expect, rel=1e-6)
     # a token after the box has saliency 0: log(1e-8) = -18.42 counts in the mean and the variance
     z = grail.standardise(torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([[1, 1, 1]]))
@@ -69,6 +72,7 @@ def test_r5_clipped_at_both_ends_then_fallback_and_the_boxs_overrides():
     mask = torch.ones(2, 5)
     none = torch.zeros(2, 5)
     w = grail.weights(z, mask, torch.tensor([False, True]), none, none)
+    # margin: 0, bit for bit on this project's CPU (2026-11-25); the tolerance is for other CPUs' kernels
     assert_close(w, torch.tensor([[0.5, 0.75, 1.0, 2.5, 5.0], [1.0] * 5]), rel=1e-7)  # row 1 falls back to 1
     # a box on tokens 2-4: content token 3 -> 5, marker 2 and closing brace 4 (and what follows) -> 1, in both rows,
     # the fallback one too; off the mask -> 0
@@ -87,6 +91,7 @@ def test_r6_token_advantages():
     # A = [-0.5, 2], w = [[1, 3, 0.5], [1, 1, 5]], mask drops row 1's last -> [[-0.5, -1.5, -0.25], [2, 2, 0]]
     adv = grail.token_advantages(torch.tensor([-0.5, 2.0]), torch.tensor([[1.0, 3.0, 0.5], [1.0, 1.0, 5.0]]),
                                  torch.tensor([[1, 1, 1], [1, 1, 0]]))
+    # margin: 0, bit for bit on this project's CPU (2026-11-25); the tolerance is for other CPUs' kernels
     assert_close(adv, torch.tensor([[-0.5, -1.5, -0.25], [2.0, 2.0, 0.0]]), rel=1e-7)
 
 
@@ -130,6 +135,7 @@ def test_r3_saliency_equals_a_finite_difference_on_the_tiny_model(base, float64_
             down[0, col, h] -= 1e-6
             g[h] = (L(up) - L(down)) / 2e-6
         fd = (g * e[0, col]).norm().item()
+        # margin: the two paths used 0.016 of the tolerance at worst (this project's CPU, 2026-11-25; TEST_MARGINS)
         record_margin(f"token {t}", abs(s[0, t].item() - fd) / (1e-4 * fd))
         assert s[0, t].item() == pytest.approx(fd, rel=1e-4), t
     assert (s[0, end:] == 0).all() and (s[0, :end] > 0).all()  # from the box's end on, nothing moves the answer

@@ -1,6 +1,6 @@
-"""LoRA (infra/lora.py, --lora-rank): the adapters' gradients against finite differences, the adapter checkpoint
-opened as the adapted model (by --model, peft and tools.merge), resume bit for bit, the frozen weights untouched; and --bf16 against float32 within
-bf16's precision, on log-probs and on advantages."""
+"""LoRA (infra/lora.py, --lora-rank): the adapters' gradients against finite differences, the adapter checkpoint opened
+as the adapted model (by --model, peft and tools.merge), resume bit for bit, the frozen weights untouched; and
+--bf16 against float32 within bf16's precision, on log-probs and on advantages."""
 import json
 import os
 import random
@@ -96,6 +96,7 @@ def test_a_lora_checkpoint_is_the_adapters_and_opens_as_the_adapted_model(base, 
     with torch.no_grad():
         want = adapted(ids).logits
         opened, opened_tok, _ = models.load_model(str(ckpt))  # as --model RUN/checkpoint opens it
+        # margin: the two paths used 0.085 of the tolerance at worst (this project's CPU, 2026-11-25; TEST_MARGINS)
         assert_close(opened.eval()(ids).logits, want, rel=1e-5, what="the checkpoint as --model vs adapted model")
         assert opened_tok(tiny.prompt("7+8"))["input_ids"] == tok(tiny.prompt("7+8"))["input_ids"]
         fresh, _, _ = tiny.load_or_build()
@@ -171,6 +172,7 @@ def test_bf16_agrees_with_float32_within_its_precision(base):
         fp32 = sample.token_logprobs(model, *args)
         with sample.autocast("cpu", True):
             bf16 = sample.token_logprobs(model, *args)
+    # margin: the two paths used 0.16 of the tolerance at worst (this project's CPU, 2026-11-25; TEST_MARGINS)
     assert_close(bf16 * m, fp32 * m, rel=3e-2, what="log-probs, bf16 vs float32")
     rewards = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
     batch["correct"] = rewards.view(-1) > 0
@@ -207,5 +209,6 @@ def test_float32_products_from_a_bf16_base(base):
             (g,) = torch.autograd.grad(logits.logsumexp(-1).sum(), e)
         results.append((logits, g))
     assert results[0][0].dtype == torch.float32
+    # margin: 0, bit for bit on this project's CPU (2026-11-25); the tolerance is for other CPUs' kernels
     assert_close(results[0][0], results[1][0], rel=1e-5, what="logits")
     assert_close(results[0][1], results[1][1], rel=1e-5, what="gradient to the embeddings")

@@ -107,11 +107,12 @@ def test_wandb_offline_history_holds_the_runs_numbers_and_resumes_the_same_run(w
 
 @needs("trackio")
 def test_trackio_store_holds_the_runs_numbers_in_one_run(watched):
-    code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage; "
-            "print(json.dumps([SQLiteStorage.get_runs(sys.argv[1]), SQLiteStorage.get_logs(sys.argv[1], sys.argv[2])]))")
+    code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; "
+            "print(json.dumps([S.get_runs(sys.argv[1]), S.get_logs(sys.argv[1], sys.argv[2])]))")
     # TRACKIO_DIR is read when trackio is imported: a process of its own reads this run's store
+    env = {**os.environ, "TRACKIO_DIR": os.path.join(watched, "trackio")}
     out = subprocess.run([sys.executable, "-c", code, track.PROJECT, os.path.basename(watched)], check=True,
-                         capture_output=True, text=True, env={**os.environ, "TRACKIO_DIR": os.path.join(watched, "trackio")})
+                         capture_output=True, text=True, env=env)
     runs, logs = json.loads(out.stdout.strip().splitlines()[-1])
     assert runs == [os.path.basename(watched)]  # --resume reopened the run, not a second one
     seen = {}
@@ -195,7 +196,7 @@ def test_trl_sends_its_logs_to_the_same_trackers_offline_under_its_output_dir(tm
     subprocess.run([sys.executable, "-m", "scaling.trl_train", "--method", "ktae", "--threads", "1", "--max_steps", "2",
                     "--logging_steps", "1", "--eval_limit", "8", "--output_dir", out, "--report_to", ",".join(names),
                     "--num_completions_to_print", "1"], cwd=ROOT, check=True, capture_output=True, text=True,
-                   env={k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "TRACKIO_", "TENSORBOARD_"))})
+                   env={k: v for k, v in os.environ.items() if not k.startswith(("WANDB", "TRACKIO", "TENSORBOARD"))})
     if installed["tensorboard"]:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
         ea = EventAccumulator(os.path.join(out, "tensorboard"), size_guidance={"scalars": 0})
