@@ -11,12 +11,11 @@ repeat the run (where it ran, --resume, --overwrite and --dry-run are not repeat
 An unknown key, a value of the wrong kind or one the flag refuses is one line naming the file, the key and why.
 """
 import argparse
-import contextlib
-import io
 import json
 
 import yaml
 
+from config import shared
 from config.shared import Refused
 
 # what a run.json holds beside the flags that made the run: resolve()'s derived values, and the run's place and
@@ -73,14 +72,10 @@ def argv_of(p: argparse.ArgumentParser, path: str) -> list:
         if value is None:
             continue
         said = tokens(action, key, value, path)
-        err = io.StringIO()
         try:
-            with contextlib.redirect_stderr(err):
-                p.parse_args(said)
-        except SystemExit:
-            lines = err.getvalue().strip().splitlines()
-            why = lines[-1].split("error: ", 1)[-1] if lines else "refused"
-            raise Refused(f"--config {path}: {key}: {why}") from None
+            shared.parse_quietly(p, said)  # the flag's own type and choices, alone
+        except Refused as e:
+            raise Refused(f"--config {path}: {key}: {e}") from None
         words += said
     return words
 

@@ -3,9 +3,10 @@ checks of values any script takes (a finite number, a seed, a count, a thread co
 raises Refused with one line naming the flag; a parser shows it as its own error (as_errors_of), a script that
 builds its settings itself exits with the line (scaling/trl_grpo.py)."""
 import argparse
+import contextlib
+import io
 import math
 import os
-from contextlib import contextmanager
 
 import torch
 
@@ -21,13 +22,25 @@ class Refused(ValueError):
     """A setting refused before anything heavy runs; its text is the one line that says which and why."""
 
 
-@contextmanager
+@contextlib.contextmanager
 def as_errors_of(p: argparse.ArgumentParser):
     """Inside: a Refused is p.error(its line), argparse's exit 2 with the usage line, as for any flag it checks."""
     try:
         yield
     except Refused as e:
         p.error(str(e))
+
+
+def parse_quietly(p: argparse.ArgumentParser, argv: list):
+    """p.parse_args(argv), a refusal being Refused(argparse's one line) instead of its usage on stderr and exit 2:
+    for a caller that names more than argparse can (a recipe's file and key, a run of compare.py)."""
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            return p.parse_args(argv)
+    except SystemExit as e:
+        lines = said.getvalue().strip().splitlines()
+        raise Refused(lines[-1].split("error: ", 1)[-1] if lines else f"refused (exit status {e.code})") from None
 
 
 def add_shared_flags(p: argparse.ArgumentParser):

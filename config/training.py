@@ -2,8 +2,6 @@
 resolve(), and every check made before anything heavy runs (a bad value is one line naming the flag).
 `python train.py --help` lists them with defaults; what every script shares is in config/shared.py."""
 import argparse
-import contextlib
-import io
 import math
 import os
 import sys
@@ -166,16 +164,10 @@ def parse_args_one_line(argv: list, **given):
     """parse_args for a script that builds train.py's settings: compare.py checks each run's flags before the first
     starts; the TRL path passes the rule's flags as text and, by name in `given`, the values GRPOConfig decides
     (typed, not written out as flags). A refusal is SystemExit(its one line), not argparse's usage of every flag."""
-    said = io.StringIO()
     try:
-        with contextlib.redirect_stderr(said):
-            args = parser().parse_args(argv)
-    except SystemExit as e:
-        lines = said.getvalue().strip().splitlines()
-        raise SystemExit(lines[-1].split("error: ", 1)[-1] if lines else f"refused (exit status {e.code})") from None
-    for name, value in given.items():
-        setattr(args, name, value)
-    try:
+        args = shared.parse_quietly(parser(), argv)
+        for name, value in given.items():
+            setattr(args, name, value)
         return resolve(args)
     except Refused as e:
         raise SystemExit(str(e)) from None

@@ -86,48 +86,40 @@ class TensorBoard:
         self.writer.close()
 
 
-class Wandb:
+class StepLogged:
+    """wandb and trackio alike: a dict of numbers logged at a step (send), a table as their Table class, finish."""
+
+    def log(self, record: dict):
+        self.send(numbers(record), step=record["step"])
+
+    def table(self, step: int, columns: list, rows: list):
+        self.send({"completions": self.Table(columns=columns, data=rows)}, step=step)
+
+
+class Wandb(StepLogged):
     package = "wandb"
 
     def __init__(self, run_dir: str, name: str, config: dict):
         keep_offline(run_dir)
         import wandb
-        self.wandb = wandb
         os.makedirs(os.path.join(run_dir, "wandb"), exist_ok=True)
         id_file = os.path.join(run_dir, "wandb", "run-id")  # --resume continues the run of this id
         run_id = open(id_file).read().strip() if os.path.exists(id_file) else secrets.token_hex(4)
         with open(id_file, "w") as f:
             f.write(run_id)
-        self.run = wandb.init(project=PROJECT, name=name, id=run_id, resume="allow", dir=run_dir, config=config)
-
-    def log(self, record: dict):
-        self.run.log(numbers(record), step=record["step"])
-
-    def table(self, step: int, columns: list, rows: list):
-        self.run.log({"completions": self.wandb.Table(columns=columns, data=rows)}, step=step)
-
-    def close(self):
-        self.run.finish()
+        run = wandb.init(project=PROJECT, name=name, id=run_id, resume="allow", dir=run_dir, config=config)
+        self.send, self.Table, self.close = run.log, wandb.Table, run.finish
 
 
-class Trackio:
+class Trackio(StepLogged):
     package = "trackio"
 
     def __init__(self, run_dir: str, name: str, config: dict):
         keep_offline(run_dir)
         import trackio
         check_trackio_dir()
-        self.trackio = trackio
         trackio.init(project=PROJECT, name=name, config=config, resume="allow", embed=False, auto_log_cpu=False)
-
-    def log(self, record: dict):
-        self.trackio.log(numbers(record), step=record["step"])
-
-    def table(self, step: int, columns: list, rows: list):
-        self.trackio.log({"completions": self.trackio.Table(columns=columns, data=rows)}, step=step)
-
-    def close(self):
-        self.trackio.finish()
+        self.send, self.Table, self.close = trackio.log, trackio.Table, trackio.finish
 
 
 TRACKERS = {"tensorboard": TensorBoard, "wandb": Wandb, "trackio": Trackio}
