@@ -9,7 +9,7 @@ tasks know theirs exactly (toyworld/credit.py: the same bisection, over the exac
 
     F1 steps          a response's non-empty lines, each with its token span
     F2 prefix_values  v(prefix) = the share of n continuations from the prompt and the prefix, sampled at the
-                      run's temperature, that the grader marks right
+                      run's temperature within the rollout's token budget, that the grader marks right
     F3 locate         the first wrong step: the least k with v(steps 1..k) < v(question alone) / 2, by bisection
                       (toyworld/credit.Bisection), the whole response (wrong) counted as below; refine: the first
                       wrong token inside it, by a second bisection
@@ -56,19 +56,25 @@ def steps(pieces: list) -> list:
 def prefix_values(model, prompts: list, prefixes: list, *, n: int, temperature: float, max_new_tokens: int,
                   grade, decode, eos_id: int, pad_id: int, batch: int = 64) -> list:
     """F2. v for each (prompt, prefix) pair, both token-id lists: the share of n continuations of prompt + prefix,
-    sampled at `temperature` with up to max_new_tokens new tokens, for which grade(the prefix's and continuation's
-    text) is True. The n continuations of a prefix run as one group of the sampler, the prefix's cache shared
-    (sample.generate); pairs are batched `batch` rows at a time. decode(ids) -> text of response tokens."""
+    sampled at `temperature`, for which grade(the prefix's and continuation's text) is True. The prefix counts
+    against the rollout's budget: a continuation has max_new_tokens - len(prefix) tokens, so that prefix and
+    continuation together are held to what the rollout itself was (a prefix late in a long answer is not given a
+    second budget that its rollout never had). grade: a callable, or a list of them, one a pair (pairs of
+    different problems, each graded against its own gold answer, share a batch). The n continuations of a prefix
+    run as one group of the sampler, the prefix's cache shared (sample.generate); pairs are batched `batch` rows
+    at a time. decode(ids) -> text of response tokens."""
+    grades = grade if isinstance(grade, list) else [grade] * len(prompts)
     values, per_call = [], max(1, batch // n)
     for s in range(0, len(prompts), per_call):
-        pairs = list(zip(prompts[s:s + per_call], prefixes[s:s + per_call]))
-        out = sample.generate(model, [p + x for p, x in pairs], n=n, max_new_tokens=max_new_tokens,
+        pairs = list(zip(prompts[s:s + per_call], prefixes[s:s + per_call], grades[s:s + per_call]))
+        budgets = [max(0, max_new_tokens - len(x)) for _, x, _ in pairs]
+        out = sample.generate(model, [p + x for p, x, _ in pairs], n=n, max_new_tokens=max(1, max(budgets)),
                               temperature=temperature, eos_id=eos_id, pad_id=pad_id)
         P, m = out["prompt_len"], out["response_mask"]
-        for j, (_, prefix) in enumerate(pairs):
-            rows = range(j * n, (j + 1) * n)
-            texts = [decode(prefix + out["input_ids"][r, P:P + int(m[r].sum())].tolist()) for r in rows]
-            values.append(sum(bool(grade(t)) for t in texts) / n)
+        for j, ((_, prefix, ok), budget) in enumerate(zip(pairs, budgets)):
+            rows = range(j * n, (j + 1) * n)  # each cut at its own budget (the call ran to the largest)
+            texts = [decode(prefix + out["input_ids"][r, P:P + min(budget, int(m[r].sum()))].tolist()) for r in rows]
+            values.append(sum(bool(ok(t)) for t in texts) / n)
     return values
 
 

@@ -88,6 +88,45 @@ def test_f2_prefix_values_continue_the_prefix_and_grade_the_whole_text(base):
     assert len(texts) == 6 and v == [sum("\\boxed{6}" in t for t in texts) / 6]
 
 
+def test_f2_a_continuation_shares_its_rollouts_budget_and_each_pair_has_its_own_grader(base):
+    # a prefix as long as the budget leaves its continuations no token: every graded text is the prefix alone. Two
+    # pairs in one batch, graded by their own graders: one marks all right, the other none
+    model, tok = base
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompt, prefix = enc(tiny.prompt("7+8-9")), enc("7+8=15\n")
+    common = dict(n=4, temperature=1.0, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                  eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch=8)
+    texts = []
+    v = epicprm.prefix_values(model, [prompt], [prefix], grade=lambda t: texts.append(t) or True,
+                              max_new_tokens=len(prefix), **common)
+    assert v == [1.0] and texts == ["7+8=15\n"] * 4
+    torch.manual_seed(0)
+    v = epicprm.prefix_values(model, [prompt] * 2, [prefix] * 2, grade=[lambda t: True, lambda t: False],
+                              max_new_tokens=24, **common)
+    assert v == [1.0, 0.0]
+
+
+def test_a_wrong_rollout_cut_off_by_the_budget_is_counted_and_not_located(base, tmp_path, monkeypatch):
+    # a rollout that ran out of tokens may hold no wrong step, only too many: every wrong rollout marked cut, so
+    # the mixed groups count them and nothing is located
+    drawn = attribution.sample_groups
+
+    def all_cut(world, first, problems):
+        groups = drawn(world, first, problems)
+        for _, batch, _, correct in groups.values():
+            batch["truncated"] = torch.tensor([not c for c in correct])
+        return groups
+
+    monkeypatch.setattr(attribution, "sample_groups", all_cut)
+    out = tmp_path / "att"
+    attribution.main(["--model", "tiny", "--dataset", "tiny", "--limit", "4", "--n", "4", "--threads", str(THREADS),
+                      "--rules", "none", "--group-batch", "2", "--out", str(out)])
+    lines = [json.loads(x) for x in open(out / "rollouts.jsonl")]
+    mixed = [x for x in lines if x.get("mixed")]
+    assert mixed and all(x["truncated"] == x["wrong"] for x in mixed)
+    assert not [x for x in lines if "rollout" in x]
+
+
 def test_the_command_locates_scores_and_resumes_on_the_tiny_world(base, tmp_path, capsys):
     # the tiny task's first problems, a few continuations: every located line has its steps, probes and each rule's
     # scores against both truths; a second run finds every problem done and writes the same lines

@@ -117,18 +117,15 @@ class World:
         return [self.pieces[t] for t in ids]
 
     def values(self, prompts: list, prefixes: list) -> list:
-        """F2 for (prompt, prefix) pairs, graded against the prompt's gold answer (prompts: (ids, gold) pairs)."""
+        """F2 for (prompt, prefix) pairs, each graded against its prompt's gold answer (prompts: (ids, gold) pairs);
+        pairs of different problems share the sampler's batches."""
         a = self.args
-        out = []
-        for gold in {g for _, g in prompts}:  # one grader a gold answer
-            idx = [i for i, (_, g) in enumerate(prompts) if g == gold]
-            with sample.autocast(a.device, a.bf16):
-                vs = epicprm.prefix_values(self.model, [prompts[i][0] for i in idx], [prefixes[i] for i in idx],
-                                           n=a.n, temperature=a.temperature, max_new_tokens=a.max_new_tokens,
-                                           grade=lambda t, g=gold: reward.is_correct(t, g) is True, decode=self.text,
-                                           eos_id=self.tok.eos_token_id, pad_id=self.tok.pad_token_id, batch=a.batch)
-            out += list(zip(idx, vs))
-        return [v for _, v in sorted(out)]
+        grades = [lambda t, g=gold: reward.is_correct(t, g) is True for _, gold in prompts]
+        with sample.autocast(a.device, a.bf16):
+            return epicprm.prefix_values(self.model, [p for p, _ in prompts], prefixes, n=a.n,
+                                         temperature=a.temperature, max_new_tokens=a.max_new_tokens, grade=grades,
+                                         decode=self.text, eos_id=self.tok.eos_token_id,
+                                         pad_id=self.tok.pad_token_id, batch=a.batch)
 
 
 def rule_settings(world: World, rule: str):
@@ -175,12 +172,13 @@ def scores(blame: dict, spans: list, step: int) -> dict:
             for rule, b in blame.items()}
 
 
-def locate(world: World, prompt: list, gold: str, responses: list, v0: float) -> list:
-    """F3 for the wrong responses (token-id lists, EOS left out) of one prompt: their Locate objects, located."""
-    spans = [epicprm.steps(world.piece_list(r)) for r in responses]
-    locs = [epicprm.Locate(s, v0 / 2, world.args.refine) for s in spans]
-    epicprm.locate_all(locs, lambda idx, lengths: world.values([(prompt, gold)] * len(idx),
-                                                                [responses[i][:n] for i, n in zip(idx, lengths)]))
+def locate(world: World, wrong: list) -> list:
+    """F3 for wrong responses, each (prompt, gold, response token ids with EOS left out, v0), of one problem or of
+    several: their Locate objects, located, every unfinished search probed in one round of batches."""
+    spans = [epicprm.steps(world.piece_list(r)) for _, _, r, _ in wrong]
+    locs = [epicprm.Locate(s, v0 / 2, world.args.refine) for s, (_, _, _, v0) in zip(spans, wrong)]
+    epicprm.locate_all(locs, lambda idx, lengths: world.values([wrong[i][:2] for i in idx],
+                                                                [wrong[i][2][:n] for i, n in zip(idx, lengths)]))
     return locs
 
 
@@ -236,31 +234,50 @@ def sample_groups(world: World, first: int, problems: list) -> dict:
     return out
 
 
-def run_problem(world: World, i: int, problem: dict, write, scored: dict, group) -> dict:
-    """Locate and score one problem's group (sample_groups); write its lines. Returns the problem's line."""
+def run_block(world: World, first: int, groups: dict, write, scored: dict):
+    """Locate and score the groups (sample_groups) of a block of problems; write each problem's lines, the block's
+    problems in order, once the whole block is done (a killed block runs again whole, drawing the same numbers).
+    The v of every mixed problem's question runs in one round of batches, then every wrong rollout's bisection
+    (F3): a block of K problems fills the sampler's batches where one problem's two or three searches would not."""
     a = world.args
-    prompt, batch, responses, correct = group
-    line = {"problem": i, "done": True, "correct": sum(correct), "group": a.group_size}
-    if not 0 < sum(correct) < a.group_size:
-        return {**line, "mixed": False}
-    torch.manual_seed(a.seed * 100_003 + i + 1)
-    v0 = world.values([(prompt, problem["answer"])], [[]])[0]
-    wrong = [j for j in range(a.group_size) if not correct[j]]
-    short = [j for j in wrong if len(epicprm.steps(world.piece_list(responses[j]))) < 2]
-    line.update(mixed=True, v0=v0, wrong=len(wrong), one_step=len(short))
-    todo = [j for j in wrong if j not in short][:a.per_problem or None]
-    if v0 == 0 or not todo:  # the model cannot solve it from the question alone: nothing to locate against
-        return line
-    locs = locate(world, prompt, problem["answer"], [responses[j] for j in todo], v0)
-    rules = [r for r in a.rules if not (methods.RULES[r].scoring == "forward" and a.oar_p_limit is not None
-                                        and scored.get("forward", 0) >= a.oar_p_limit)]
-    blame = blames(world, batch, problem, correct, rules, rows=todo)
-    for j, loc in zip(todo, locs):
-        exact = exact_step(world, problem, responses[j], loc.spans)
-        write(record(world, i, j, problem, responses[j], loc, v0, {r: b[j] for r, b in blame.items()}, exact))
-    if any(methods.RULES[r].scoring == "forward" for r in rules):
-        scored["forward"] = scored.get("forward", 0) + len(todo)
-    return {**line, "located": len(todo)}
+    lines, todo = {}, {}  # problem -> its line; problem -> the wrong rollouts to locate
+    for i, (prompt, batch, responses, correct) in groups.items():
+        line = {"problem": i, "done": True, "correct": sum(correct), "group": a.group_size}
+        lines[i] = line
+        if not 0 < sum(correct) < a.group_size:
+            line["mixed"] = False
+            continue
+        wrong = [j for j in range(a.group_size) if not correct[j]]
+        # a wrong rollout cut off by the token budget may hold no wrong step, only too many: not located
+        cut = [j for j in wrong if batch["truncated"][j]]
+        short = [j for j in wrong if j not in cut and len(epicprm.steps(world.piece_list(responses[j]))) < 2]
+        line.update(mixed=True, wrong=len(wrong), truncated=len(cut), one_step=len(short))
+        todo[i] = [j for j in wrong if j not in cut + short][:a.per_problem or None]
+    torch.manual_seed(a.seed * 100_003 + first + 1)
+    mixed = [i for i in groups if lines[i]["mixed"]]
+    v0s = world.values([(groups[i][0], world.problems[i]["answer"]) for i in mixed], [[]] * len(mixed))
+    for i, v0 in zip(mixed, v0s):  # v0 = 0: the model cannot solve it from the question alone, nothing to locate
+        lines[i]["v0"] = v0
+        if v0 == 0:
+            todo[i] = []
+    wrong = [(i, j) for i in mixed for j in todo[i]]
+    locs = dict(zip(wrong, locate(world, [(groups[i][0], world.problems[i]["answer"], groups[i][2][j],
+                                           lines[i]["v0"]) for i, j in wrong])))
+    for i in groups:
+        if todo.get(i):
+            problem, (_, batch, responses, correct) = world.problems[i], groups[i]
+            rules = [r for r in a.rules if not (methods.RULES[r].scoring == "forward" and a.oar_p_limit is not None
+                                                and scored.get("forward", 0) >= a.oar_p_limit)]
+            blame = blames(world, batch, problem, correct, rules, rows=todo[i])
+            for j in todo[i]:
+                loc = locs[i, j]
+                exact = exact_step(world, problem, responses[j], loc.spans)
+                write(record(world, i, j, problem, responses[j], loc, lines[i]["v0"],
+                             {r: b[j] for r, b in blame.items()}, exact))
+            if any(methods.RULES[r].scoring == "forward" for r in rules):
+                scored["forward"] = scored.get("forward", 0) + len(todo[i])
+            lines[i]["located"] = len(todo[i])
+        write(lines[i])
 
 
 def bootstrap(values: list, draws: int = 1000, seed: int = 0) -> tuple:
@@ -367,6 +384,7 @@ def report(out: str, lines: list, world_task: bool, seconds: float = None) -> st
     zero = [x for x in mixed if x["v0"] == 0]
     head = (f"{len(problems)} problems, sampled accuracy {acc:.3f}, {len(mixed)} mixed groups, {len(rows)} wrong "
             f"rollouts located from {len({r['problem'] for r in rows})} problems (not located: "
+            f"{sum(x.get('truncated', 0) for x in mixed)} cut off by the token budget, "
             f"{sum(x.get('one_step', 0) for x in mixed)} of one step, {sum(x['wrong'] for x in zero)} of the "
             f"{len(zero)} problems whose v(question) is 0); {sum(len(r['steps']) for r in rows) / len(rows):.1f} steps "
             f"a rollout")
@@ -399,34 +417,36 @@ def main(argv=None):
                                            f"{os.path.splitext(os.path.basename(args.responses or args.dataset))[0]}")
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "rollouts.jsonl")
-    done_lines = read_lines(path)
-    done = {x["problem"] for x in done_lines if x.get("done")}
-    with open(path, "w") as f:  # rewritten without a cut last line or an unfinished problem's rollouts
-        f.writelines(json.dumps(x) + "\n" for x in done_lines if x["problem"] in done)
     problems = load(args, ds)
     world = World(args)
     for q in problems:
         q.setdefault("prompt", ds.prompt(world.tok, q))
-    todo = [i for i in range(len(problems)) if i not in done]
+    world.problems = problems
+    K = 1 if args.responses else args.group_batch
+    blocks = [range(f, min(f + K, len(problems))) for f in range(0, len(problems), K)]
+    done_lines = read_lines(path)
+    done = {x["problem"] for x in done_lines if x.get("done")}
+    done = {i for b in blocks if all(i in done for i in b) for i in b}  # a block half written runs again whole
+    with open(path, "w") as f:  # rewritten without a cut last line or an unfinished block's lines
+        f.writelines(json.dumps(x) + "\n" for x in done_lines if x["problem"] in done)
+    todo = [b for b in blocks if b[0] not in done]
     G, n, L = args.group_size, args.n, args.max_new_tokens
     print(f"{len(problems)} problems ({len(done)} done before), G = {G}, n = {n}: at most about "
           f"{(G + n + G * 4 * n) * L:,} new tokens a problem (G rollouts, n for the question, about 4 probes of n "
           f"for each wrong one, all to {L} tokens; most stop earlier)")
-    scored, t0 = {"forward": sum(1 for x in done_lines if "rollout" in x)}, time.time()
+    scored, t0 = {"forward": sum(1 for x in done_lines if "rollout" in x and x["problem"] in done)}, time.time()
     with open(path, "a") as f:
         def write(line):
             f.write(json.dumps(line) + "\n")
             f.flush()
-        bar, groups, K = tqdm(todo, desc="problems"), {}, args.group_batch
-        for i in bar:
+        bar = tqdm(total=sum(len(b) for b in todo), desc="problems")
+        for block in todo:
             if args.responses:
-                line = run_given(world, i, problems[i], write, scored)
+                write(run_given(world, block[0], problems[block[0]], write, scored))
             else:
-                if i not in groups:  # the block of K problems i falls in, done ones included: the same draws
-                    first = i - i % K
-                    groups = sample_groups(world, first, problems[first:first + K])
-                line = run_problem(world, i, problems[i], write, scored, groups.pop(i))
-            write(line)
+                run_block(world, block[0], sample_groups(world, block[0], [problems[i] for i in block]), write,
+                          scored)
+            bar.update(len(block))
             bar.set_postfix(located=sum(1 for x in read_lines(path) if "rollout" in x))
     text = report(out, read_lines(path), world.task is not None, time.time() - t0 if todo else None)
     with open(os.path.join(out, "table.md"), "w") as f:
@@ -473,7 +493,7 @@ def run_given(world: World, i: int, problem: dict, write, scored: dict) -> dict:
     line.update(mixed=True, v0=v0, wrong=1, one_step=0)
     if v0 == 0:
         return line
-    (loc,) = locate(world, prompt, problem["answer"], [ids], v0)
+    (loc,) = locate(world, [(prompt, problem["answer"], ids, v0)])
     right = world.tok(f"\\boxed{{{problem['answer']}}}", add_special_tokens=False)["input_ids"]
     batch = scored_batch(world, prompt, [ids, right])
     rules = [r for r in a.rules if not methods.RULES[r].needs_group]
