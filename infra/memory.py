@@ -296,7 +296,8 @@ def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int, scoring: str = None):
     disk = disk_plan(cfg, args)
     print(f"disk: a checkpoint takes {sum(v for k, v in disk.items() if k != 'run') / GiB:.2f} GiB ("
           + ", ".join(f"{k} {v / GiB:.2f}" for k, v in disk.items() if k != "run")
-          + f"); the run keeps at most {disk['run'] / GiB:.2f} GiB (the last and the one before)")
+          + f"); the run keeps at most {disk['run'] / GiB:.2f} GiB"
+          + (" (the last and the one before)" if disk["run"] > sum(v for k, v in disk.items() if k != "run") else ""))
     if peak <= gpu_bytes:
         return peak
     print("flags that would bring it down (each alone, then all together):")
