@@ -107,6 +107,7 @@ class World:
         self.model, self.tok, _ = models.load_model(args.model, world=self.task)
         self.model.to(args.device).eval()
         self.pieces = {}  # token id -> its text
+        self.say = lambda what: None  # the stage of the block under way, on the progress bar
 
     def text(self, ids) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
@@ -255,16 +256,19 @@ def run_block(world: World, first: int, groups: dict, write, scored: dict):
         todo[i] = [j for j in wrong if j not in cut + short][:a.per_problem or None]
     torch.manual_seed(a.seed * 100_003 + first + 1)
     mixed = [i for i in groups if lines[i]["mixed"]]
+    world.say(f"v(question) of {len(mixed)} mixed groups")
     v0s = world.values([(groups[i][0], world.problems[i]["answer"]) for i in mixed], [[]] * len(mixed))
     for i, v0 in zip(mixed, v0s):  # v0 = 0: the model cannot solve it from the question alone, nothing to locate
         lines[i]["v0"] = v0
         if v0 == 0:
             todo[i] = []
     wrong = [(i, j) for i in mixed for j in todo[i]]
+    world.say(f"bisecting {len(wrong)} wrong rollouts")
     locs = dict(zip(wrong, locate(world, [(groups[i][0], world.problems[i]["answer"], groups[i][2][j],
                                            lines[i]["v0"]) for i, j in wrong])))
     for i in groups:
         if todo.get(i):
+            world.say(f"scoring problem {i}")
             problem, (_, batch, responses, correct) = world.problems[i], groups[i]
             rules = [r for r in a.rules if not (methods.RULES[r].scoring == "forward" and a.oar_p_limit is not None
                                                 and scored.get("forward", 0) >= a.oar_p_limit)]
@@ -440,14 +444,18 @@ def main(argv=None):
             f.write(json.dumps(line) + "\n")
             f.flush()
         bar = tqdm(total=sum(len(b) for b in todo), desc="problems")
+        located = sum(1 for x in read_lines(path) if "rollout" in x)
+        world.say = lambda what: bar.set_postfix_str(f"located={located}, {what}")
         for block in todo:
             if args.responses:
                 write(run_given(world, block[0], problems[block[0]], write, scored))
             else:
+                world.say(f"sampling {len(block)} groups")
                 run_block(world, block[0], sample_groups(world, block[0], [problems[i] for i in block]), write,
                           scored)
             bar.update(len(block))
-            bar.set_postfix(located=sum(1 for x in read_lines(path) if "rollout" in x))
+            located = sum(1 for x in read_lines(path) if "rollout" in x)
+            world.say("")
     text = report(out, read_lines(path), world.task is not None, time.time() - t0 if todo else None)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(f"`python -m tools.attribution {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n{text}\n")
