@@ -450,7 +450,7 @@ def main(argv=None):
             if args.responses:
                 write(run_given(world, block[0], problems[block[0]], write, scored))
             else:
-                world.say(f"sampling {len(block)} groups")
+                world.say(f"sampling the groups of {len(block)} problem" + "s" * (len(block) > 1))
                 run_block(world, block[0], sample_groups(world, block[0], [problems[i] for i in block]), write,
                           scored)
             bar.update(len(block))
