@@ -89,21 +89,20 @@ def test_f2_prefix_values_continue_the_prefix_and_grade_the_whole_text(base):
 
 
 def test_f2_a_continuation_shares_its_rollouts_budget_and_each_pair_has_its_own_grader(base):
-    # a prefix as long as the budget leaves its continuations no token: every graded text is the prefix alone. Two
-    # pairs in one batch, graded by their own graders: one marks all right, the other none
+    # two pairs in one call, each graded by its own grader: a prefix as long as the budget leaves its continuations
+    # no token (every text is the prefix alone), an empty prefix leaves them the whole budget (texts of their own);
+    # the first grader marks all right, the second none
     model, tok = base
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     prompt, prefix = enc(tiny.prompt("7+8-9")), enc("7+8=15\n")
-    common = dict(n=4, temperature=1.0, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-                  eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch=8)
-    texts = []
-    v = epicprm.prefix_values(model, [prompt], [prefix], grade=lambda t: texts.append(t) or True,
-                              max_new_tokens=len(prefix), **common)
-    assert v == [1.0] and texts == ["7+8=15\n"] * 4
+    texts = ([], [])
+    grades = [lambda t: texts[0].append(t) or True, lambda t: texts[1].append(t) and False]
     torch.manual_seed(0)
-    v = epicprm.prefix_values(model, [prompt] * 2, [prefix] * 2, grade=[lambda t: True, lambda t: False],
-                              max_new_tokens=24, **common)
-    assert v == [1.0, 0.0]
+    v = epicprm.prefix_values(model, [prompt] * 2, [prefix, []], grade=grades, max_new_tokens=len(prefix), n=4,
+                              temperature=1.0, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                              eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch=8)
+    assert v == [1.0, 0.0] and texts[0] == ["7+8=15\n"] * 4
+    assert len(texts[1]) == 4 and all(texts[1]) and texts[1] != texts[0]
 
 
 def test_a_wrong_rollout_cut_off_by_the_budget_is_counted_and_not_located(base, tmp_path, monkeypatch):
@@ -124,6 +123,7 @@ def test_a_wrong_rollout_cut_off_by_the_budget_is_counted_and_not_located(base, 
     lines = [json.loads(x) for x in open(out / "rollouts.jsonl")]
     mixed = [x for x in lines if x.get("mixed")]
     assert mixed and all(x["truncated"] == x["wrong"] for x in mixed)
+    assert any(x["v0"] > 0 for x in mixed)  # there was something to locate against
     assert not [x for x in lines if "rollout" in x]
 
 
@@ -164,3 +164,6 @@ def test_groups_drawn_in_blocks_are_drawn_again_when_a_killed_run_resumes(base, 
     attribution.main(flags)
     assert open(out / "rollouts.jsonl").read().splitlines() == whole
     assert sum(json.loads(x).get("mixed", False) for x in whole) >= 1  # something was located or scored
+    # a smaller --limit reports its problems only and keeps the others' lines for the larger one
+    attribution.main(flags[:5] + ["2"] + flags[6:])
+    assert open(out / "rollouts.jsonl").read().splitlines() == whole

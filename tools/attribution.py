@@ -8,15 +8,16 @@ answers, located by Monte Carlo (epicprm.py, F1-F4; EQUATIONS.md#first-wrong-ste
 
 For each problem: G rollouts sampled at --temperature; a group that mixes right and wrong answers (the only kind
 where KTAE, OAR and GRAIL give credit) has each wrong rollout's first wrong step located (F3: v of the question
-alone with n continuations, then a bisection over the steps, every rollout of the group probed in one batch), and
+alone with n continuations, then a bisection over the steps; the wrong rollouts of a block of --group-batch problems
+are probed together, one round of batches a bisection step), and
 every rule of methods.RULES scores the group with its own advantages and Rule.blame, summed up to steps (F4, the
 max and the mean of a step's tokens). Beside them, the baselines any attribution must beat: uniform (the "none"
 rule, GRPO: chance), position (later steps more) and surprisal (-log p of the sampled token). On the synthetic
 tasks the exact first error (toyworld/credit.py) is scored too, side by side.
 
-OUT (--out, default runs/attribution-MODEL-DATASET) holds rollouts.jsonl (a line per rollout as it is done, and a
-line per problem when its group is: a killed run continues where it stopped, and the table can be recomputed from
-it), table.md (the printed table: per rule and aggregation hit@1, hit@3, AUC and mean rank with 95 % bootstrap
+OUT (--out, default runs/attribution-MODEL-DATASET) holds rollouts.jsonl (a line per located rollout and one per
+problem, written when the problem's block is done: a killed run continues from the last whole block, run with the
+same --limit and --group-batch, and the table can be recomputed from it), table.md (the printed table: per rule and aggregation hit@1, hit@3, AUC and mean rank with 95 % bootstrap
 intervals over rollouts), auc.png, and rollouts.html (the first wrong step marked, each rule's step blame coloured).
 --responses FILE takes answers made elsewhere instead of sampling (JSON lines of question, answer, response): they
 have no group, so only the rules that need none (methods.Rule.needs_group) score them.
@@ -60,7 +61,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=shared.number, default=1.0,
                    help="of the rollouts and of the continuations (F2)")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="a rollout's and a continuation's length limit (default: the data's; 512 for a real model)")
+                   help="a rollout's length limit, and what it leaves a continuation after its prefix (F2) (default: the "
+                        "data's; 512 for a real model)")
     p.add_argument("--n", type=int, default=16, help="F2: continuations per probed prefix (EpicPRM's least: 16)")
     p.add_argument("--refine", action="store_true", help="F3: then the first wrong token inside the step")
     p.add_argument("--rules", default=",".join(methods.RULES),
@@ -70,9 +72,10 @@ def parser() -> argparse.ArgumentParser:
                         "the groups of the first N located rollouts only")
     p.add_argument("--batch", type=int, default=64, help="rows per sampling call (probes x n)")
     p.add_argument("--group-batch", type=int, default=1,
-                   help="problems whose groups are sampled in one call, G x this many rows (most groups of a weak "
-                        "model do not mix, and 8 rows alone use the machine poorly); 1: each alone. The groups of a "
-                        "block of this many problems are drawn together, so a resumed run draws them again")
+                   help="problems taken as one block: their groups sampled in one call (G x this many rows), then "
+                        "the v of their questions and every bisection's probes in shared batches (most groups of a "
+                        "weak model do not mix, and one problem's few probes use the machine poorly); 1: each alone. "
+                        "A resumed run draws a half-written block again whole")
     p.add_argument("--per-problem", type=int, default=0,
                    help="locate at most this many wrong rollouts of a group (0: all; the rules score the whole group "
                         "either way): more problems for the same cost")
@@ -237,7 +240,8 @@ def sample_groups(world: World, first: int, problems: list) -> dict:
 
 def run_block(world: World, first: int, groups: dict, write, scored: dict):
     """Locate and score the groups (sample_groups) of a block of problems; write each problem's lines, the block's
-    problems in order, once the whole block is done (a killed block runs again whole, drawing the same numbers).
+    problems in order, once the whole block is done (a killed block runs again whole, drawing the same numbers
+    when --limit and --group-batch are those of the killed run).
     The v of every mixed problem's question runs in one round of batches, then every wrong rollout's bisection
     (F3): a block of K problems fills the sampler's batches where one problem's two or three searches would not."""
     a = world.args
@@ -389,7 +393,7 @@ def report(out: str, lines: list, world_task: bool, seconds: float = None) -> st
     head = (f"{len(problems)} problems, sampled accuracy {acc:.3f}, {len(mixed)} mixed groups, {len(rows)} wrong "
             f"rollouts located from {len({r['problem'] for r in rows})} problems (not located: "
             f"{sum(x.get('truncated', 0) for x in mixed)} cut off by the token budget, "
-            f"{sum(x.get('one_step', 0) for x in mixed)} of one step, {sum(x['wrong'] for x in zero)} of the "
+            f"{sum(x.get('one_step', 0) for x in mixed)} of one step, {sum(x['wrong'] - x.get('truncated', 0) - x.get('one_step', 0) for x in zero)} more of the "
             f"{len(zero)} problems whose v(question) is 0); {sum(len(r['steps']) for r in rows) / len(rows):.1f} steps "
             f"a rollout")
     if seconds:
@@ -431,13 +435,14 @@ def main(argv=None):
     done_lines = read_lines(path)
     done = {x["problem"] for x in done_lines if x.get("done")}
     done = {i for b in blocks if all(i in done for i in b) for i in b}  # a block half written runs again whole
+    beyond = [x for x in done_lines if x["problem"] >= len(problems)]  # a larger --limit's: kept, not reported
     with open(path, "w") as f:  # rewritten without a cut last line or an unfinished block's lines
-        f.writelines(json.dumps(x) + "\n" for x in done_lines if x["problem"] in done)
+        f.writelines(json.dumps(x) + "\n" for x in done_lines if x["problem"] in done or x in beyond)
     todo = [b for b in blocks if b[0] not in done]
     G, n, L = args.group_size, args.n, args.max_new_tokens
     print(f"{len(problems)} problems ({len(done)} done before), G = {G}, n = {n}: at most about "
           f"{(G + n + G * 4 * n) * L:,} new tokens a problem (G rollouts, n for the question, about 4 probes of n "
-          f"for each wrong one, all to {L} tokens; most stop earlier)")
+          f"for each wrong one, as if all ran to {L} tokens: a probe has {L} less its prefix, and most stop earlier)")
     scored, t0 = {"forward": sum(1 for x in done_lines if "rollout" in x and x["problem"] in done)}, time.time()
     with open(path, "a") as f:
         def write(line):
@@ -445,7 +450,7 @@ def main(argv=None):
             f.flush()
         bar = tqdm(total=sum(len(b) for b in todo), desc="problems")
         located = sum(1 for x in read_lines(path) if "rollout" in x)
-        world.say = lambda what: bar.set_postfix_str(f"located={located}, {what}")
+        world.say = lambda what: bar.set_postfix_str(f"located={located}" + (f", {what}" if what else ""))
         for block in todo:
             if args.responses:
                 write(run_given(world, block[0], problems[block[0]], write, scored))
@@ -456,7 +461,8 @@ def main(argv=None):
             bar.update(len(block))
             located = sum(1 for x in read_lines(path) if "rollout" in x)
             world.say("")
-    text = report(out, read_lines(path), world.task is not None, time.time() - t0 if todo else None)
+    text = report(out, [x for x in read_lines(path) if x["problem"] < len(problems)], world.task is not None,
+                  time.time() - t0 if todo else None)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(f"`python -m tools.attribution {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n{text}\n")
     print(text)
