@@ -37,9 +37,10 @@ def test_the_default_path_prints_every_part(base, capsys):
     trl = rows(table, "trl")
     installed = importlib.util.find_spec("trl") is not None  # a skip row only where TRL is not installed
     assert len(trl) == 1 and (trl[0][4].startswith("ours/TRL") if installed else trl[0][1].startswith("skipped"))
-    llama = rows(table, "llama.cpp")  # a skip row only where llama-cpp-python is not installed
-    assert len(llama) == 1 and (llama[0][4].startswith("ours/llama") if importlib.util.find_spec("llama_cpp")
-                                else llama[0][1].startswith("skipped: llama_cpp is not installed"))
+    llama = rows(table, "llama.cpp")  # a skip row: llama-cpp-python is not installed, or the tiny model has no GGUF
+    assert len(llama) == 1 and llama[0][1].startswith("skipped: --model tiny has no GGUF file"
+                                                       if importlib.util.find_spec("llama_cpp")
+                                                       else "skipped: llama_cpp is not installed")
 
 
 def test_a_run_that_fails_is_a_row(base):
@@ -106,24 +107,105 @@ def test_a_memory_run_that_runs_out_of_memory_is_a_measurement_and_any_other_end
         assert table.failures == (["memory: recipe: it ended (exit 1)"] if failed else [])
 
 
-def test_llama_cpp_part_with_a_stand_in_module(monkeypatch, tmp_path):
-    class Llama:  # llama-cpp-python's completion API, as far as the bench uses it
-        def __init__(self, model_path, **kwargs):
-            assert model_path == str(tmp_path / "m.gguf")
+class StandInLlamaCpp(types.ModuleType):
+    """llama-cpp-python's low-level API, as far as benchparts/llamacpp.decode uses it: sequence s draws token 7
+    until it has END[s % 2] tokens, then the end-of-generation token 0 (None: never, so the length limit ends it).
+    Every llama_decode call's rows are kept (token, position, sequence ids, logits)."""
+    END = (3, None)
 
-        def create_completion(self, text, max_tokens, temperature):
-            return {"usage": {"completion_tokens": max_tokens}}
+    def __init__(self):
+        super().__init__("llama_cpp")
+        self.__spec__ = importlib.machinery.ModuleSpec("llama_cpp", None)
+        self.calls, self.drawn = [], {}
 
-    module = types.ModuleType("llama_cpp")
-    module.Llama, module.__spec__ = Llama, importlib.machinery.ModuleSpec("llama_cpp", None)
-    monkeypatch.setitem(sys.modules, "llama_cpp", module)
-    monkeypatch.setattr(llamacpp.models, "gguf_location", lambda name: (str(tmp_path), "m.gguf"))
-    args = types.SimpleNamespace(model="m", seed=0, max_new_tokens=5, temperature=0.5)
+        class Llama:
+            def __init__(self, model_path, **kwargs):
+                self.path, self._model = model_path, types.SimpleNamespace(model="model")
+
+            def close(self):
+                pass
+        self.Llama = Llama
+
+    def llama_context_default_params(self):
+        return types.SimpleNamespace()
+
+    def llama_init_from_model(self, model, params):
+        self.params = params
+        return "ctx"
+
+    def llama_model_get_vocab(self, model):
+        return "vocab"
+
+    def llama_batch_init(self, n_tokens, embd, n_seq_max):
+        return types.SimpleNamespace(token=[0] * n_tokens, pos=[0] * n_tokens, n_seq_id=[0] * n_tokens,
+                                     logits=[False] * n_tokens, seq_id=[[0] * n_seq_max for _ in range(n_tokens)])
+
+    def llama_decode(self, ctx, b):
+        self.calls.append([(b.token[j], b.pos[j], tuple(b.seq_id[j][:b.n_seq_id[j]]), b.logits[j])
+                           for j in range(b.n_tokens)])
+        return 0
+
+    def llama_sampler_chain_default_params(self):
+        return None
+
+    def llama_sampler_chain_init(self, params):
+        return types.SimpleNamespace(parts=[])
+
+    def llama_sampler_chain_add(self, chain, part):
+        chain.parts.append(part)
+
+    def llama_sampler_init_temp(self, t):
+        return ("temp", t)
+
+    def llama_sampler_init_dist(self, seed):
+        return ("dist", seed)
+
+    def llama_sampler_init_greedy(self):
+        return ("greedy",)
+
+    def llama_sampler_sample(self, chain, ctx, idx):
+        s = chain.parts[-1][1] if chain.parts[-1][0] == "dist" else 0  # the sequence, from its seed (seed 0)
+        self.drawn[s] = self.drawn.get(s, 0) + 1
+        return 0 if self.drawn[s] == self.END[s % 2] else 7
+
+    def llama_vocab_is_eog(self, vocab, tok):
+        return tok == 0
+
+    def llama_sampler_free(self, chain):
+        pass
+
+    def llama_batch_free(self, b):
+        pass
+
+    def llama_free(self, ctx):
+        pass
+
+
+def test_llama_cpp_batched_decode_with_a_stand_in_module(monkeypatch, tmp_path):
+    # two prompts x 2 sequences, at most 5 tokens: each prompt evaluated once for its two sequences (logits at its
+    # last token only), then one row a still-running sequence a call; the even ones end with their third token (the
+    # end token counted, as our sampler counts it), the odd ones at the limit
+    L = StandInLlamaCpp()
+    monkeypatch.setitem(sys.modules, "llama_cpp", L)
+    seqs, seconds = llamacpp.decode(L.Llama("m"), [[1, 2], [3]], 2, 5, 0.5, 0, 1)
+    assert seqs == [[7, 7, 0], [7] * 5, [7, 7, 0], [7] * 5] and seconds >= 0
+    assert L.calls[0] == [(1, 0, (0, 1), False), (2, 1, (0, 1), True)] and L.calls[1] == [(3, 0, (2, 3), True)]
+    assert L.calls[2] == [(7, 2, (0,), True), (7, 2, (1,), True), (7, 1, (2,), True), (7, 1, (3,), True)]
+    assert [len(c) for c in L.calls[2:]] == [4, 4, 2, 2]  # the even ones gone after their third token
+    assert L.params.n_seq_max == 4 and L.params.kv_unified and L.params.n_ctx >= 3 + 4 * 5
+
+
+def test_llama_cpp_rows_with_a_stand_in_module(monkeypatch, tmp_path):
+    L = StandInLlamaCpp()
+    monkeypatch.setitem(sys.modules, "llama_cpp", L)
+    monkeypatch.setattr(llamacpp.models, "gguf_location", lambda name: (str(tmp_path), "m-q4_k_m.gguf"))
+    args = types.SimpleNamespace(model="m", seed=0, max_new_tokens=5, temperature=0.5, group_size=2)
     w = types.SimpleNamespace(args=args, prompts=[[1, 2], [3]], texts=["a", "b"])
     table = tables.Table("t")
     llamacpp.llama_rows(table, w, 1, {"tps": 100.0})
-    (row,) = table.rows
-    assert row[0] == "llama.cpp" and float(row[2].replace(",", "")) > 0 and row[4].startswith("ours/llama")
+    one, both = table.rows
+    assert "one sequence at a time, q4_k_m GGUF" in one[1] and "2 prompts x 2 together" in both[1]
+    assert float(both[2].replace(",", "")) > 0 and both[4].startswith("ours/llama")
 
 
 def test_sdpa_decode_attention_equals_the_two_matmuls():

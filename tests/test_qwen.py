@@ -135,3 +135,25 @@ def test_oar_spans_and_ktae_values_on_qwen_tokens(qwen):
         for j, (t, v) in enumerate(zip(row, values[i].tolist())):
             if mask[i, j]:  # ids in both classes: 0; only in the right ones: positive; only in the wrong: negative
                 assert (v > 0) if t in only_right else (v < 0) if t in only_wrong else (v == 0), (tok.decode([t]), v)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed: "
+                                                                            "pip install -r requirements/bench.txt")
+def test_llama_cpp_decodes_the_same_gguf_batched_as_one_at_a_time(qwen):
+    # the bench's llama.cpp reference (benchparts/llamacpp.decode), greedy: both prompts x 2 together give what each
+    # prompt alone gives, and its first token is our model's (the same file, its 4-bit weights against our float32)
+    from tools.benchparts import llamacpp
+    import llama_cpp
+    model, tok = qwen
+    ids = prompts(tok)
+    llm = llama_cpp.Llama(model_path=os.path.join(*models.gguf_location(NAME)), n_threads=THREADS, n_ctx=512,
+                          verbose=False)
+    try:
+        together, _ = llamacpp.decode(llm, ids, 2, 8, 0.0, 0, THREADS)
+        alone = [llamacpp.decode(llm, [p], 1, 8, 0.0, 0, THREADS)[0][0] for p in ids]
+    finally:
+        llm.close()
+    assert together == [alone[0], alone[0], alone[1], alone[1]]
+    ours = sample.generate(model, ids, max_new_tokens=1, temperature=0.0, eos_id=tok.eos_token_id,
+                           pad_id=tok.pad_token_id)["input_ids"][:, -1].tolist()
+    assert [alone[0][0], alone[1][0]] == ours
