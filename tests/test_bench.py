@@ -261,3 +261,13 @@ def test_the_gpu_table_on_the_cpu(monkeypatch, capsys):
     sampled = rows(table, "sampler")
     assert [r[1].split(":")[0] for r in sampled] == ["two-matmul attention", "SDPA attention"]
     assert all(r[3].startswith("generate") and r[4].endswith("x") for r in sampled)
+
+
+def test_profile_step_prints_the_pass_and_its_top_operators(base, capsys):
+    # tools/profile_step on the tiny model: one warm-up and one profiled pass of train.py's forward and backward
+    from tools import profile_step
+    profile_step.main(["--model", "tiny", "--threads", "1", "--repeat", "1", "--top", "5"])
+    out = capsys.readouterr().out
+    head = out.splitlines()[0]
+    assert head.startswith("tiny, float32, 1 thread(s): 64 rows x (") and "GFLOP/s of model FLOPs" in head
+    assert "aten::mm" in out  # the products are among the top operators

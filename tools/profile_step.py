@@ -1,0 +1,82 @@
+"""Where a training pass spends its time: train.py's forward and backward (sample.token_logprobs, grpo.policy_loss)
+on one micro-batch of a model, under torch.profiler, the top operators by their own time and the pass's model
+FLOP/s. For the speed work of issue 39: what keeps bf16 training below the machine's matmul peak.
+
+    python -m tools.profile_step --model qwen2.5-coder-0.5b --threads 2           # bf16 autocast, this CPU's default
+    python -m tools.profile_step --model smollm2-135m --threads 2 -- --no-bf16    # more train.py flags after --
+
+The micro-batch is what benchparts/workload.py's setting of the model trains on (its prompts, G, the length limit),
+the responses random tokens of full length: a pass's cost depends on the shapes, not on the words. One pass warms
+up, then --repeat passes are profiled.
+"""
+import argparse
+import time
+
+import torch
+
+import grpo
+import sample
+from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, load_workload, matmul_parameters
+
+
+def batch(w, rows: int, T: int, seed: int = 0) -> dict:
+    """rows rollouts of T random response tokens after the workload's prompts (G a prompt), in sample.generate()'s
+    layout, as update() receives them."""
+    g = torch.Generator().manual_seed(seed)
+    G = w.args.group_size
+    prompts = [w.prompts[(r // G) % len(w.prompts)] for r in range(rows)]
+    ids, mask = sample.left_pad(prompts, w.tok.pad_token_id)  # [rows, P]
+    resp = torch.randint(0, w.config.vocab_size, (rows, T), generator=g)  # [rows, T]
+    return {"input_ids": torch.cat([ids, resp], 1), "attention_mask": torch.cat([mask, torch.ones_like(resp)], 1),
+            "prompt_len": ids.shape[1], "logprobs": torch.full((rows, T), -1.0),
+            "advantages": torch.randn(rows, T, generator=g), "mask": torch.ones(rows, T)}
+
+
+def one_pass(w, b: dict):
+    a, P = w.args, b["prompt_len"]
+    rows = len(b["input_ids"])
+    with sample.autocast(a.device, a.bf16):
+        logp = sample.token_logprobs(w.model, b["input_ids"], b["attention_mask"], P, a.temperature,
+                                     groups=torch.arange(rows) // a.group_size)  # [rows, T]
+    loss, _ = grpo.policy_loss(logp, b["logprobs"], b["advantages"], b["mask"], eps_low=a.eps_low,
+                               eps_high=a.eps_high, beta=0.0, agg=a.agg, max_new_tokens=a.max_new_tokens,
+                               n_seqs=rows, n_tokens=b["mask"].sum())
+    loss.backward()
+    w.model.zero_grad(set_to_none=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="tiny")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--repeat", type=int, default=2, help="passes profiled after one warm-up pass")
+    p.add_argument("--top", type=int, default=20, help="operators listed")
+    p.add_argument("train_args", nargs="*", help="more train.py flags, after --")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    setting = SETTINGS.get(args.model, OTHER)
+    w = load_workload(args.model, (*BENCH_FLAGS, *setting.flags, *args.train_args))
+    a = w.args
+    w.model.train()
+    rows = min(a.micro_batch_size, a.prompts_per_step * a.group_size)
+    b = batch(w, rows, a.max_new_tokens)
+    one_pass(w, b)  # warm-up: autocast's weight copies, the allocator
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(args.repeat):
+            one_pass(w, b)
+        seconds = (time.perf_counter() - t0) / args.repeat
+    n, P, T = matmul_parameters(w.config), b["prompt_len"], a.max_new_tokens
+    groups = -(-rows // a.group_size)
+    # 6 FLOPs a multiplying weight a token (forward 2, backward 4); a group's prompt runs once, without the output
+    # layer (as benchparts/steps.training_mfu counts)
+    flops = 6 * (n["layers"] * (rows * T + groups * P) + n["output layer"] * rows * T)
+    print(f"{args.model}, {'bf16 autocast' if a.bf16 else 'float32'}, {torch.get_num_threads()} thread(s): {rows} "
+          f"rows x ({P} prompt + {T} response) tokens, a forward and backward in {seconds:.2f} s, "
+          f"{flops / seconds / 1e9:.1f} GFLOP/s of model FLOPs (profiler on)")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=48))
+
+
+if __name__ == "__main__":
+    main()
