@@ -54,16 +54,15 @@ def steps(pieces: list) -> list:
 
 
 def prefix_values(model, prompts: list, prefixes: list, *, n: int, temperature: float, max_new_tokens: int,
-                  grade, decode, eos_id: int, pad_id: int, batch: int = 64) -> list:
+                  grades: list, decode, eos_id: int, pad_id: int, batch: int = 64) -> list:
     """F2. v for each (prompt, prefix) pair, both token-id lists: the share of n continuations of prompt + prefix,
-    sampled at `temperature`, for which grade(the prefix's and continuation's text) is True. The prefix counts
+    sampled at `temperature`, for which the pair's grader, grades[i](the prefix's and continuation's text), is
+    True (pairs of different problems, each graded against its own gold answer, share a batch). The prefix counts
     against the rollout's budget: a continuation has max_new_tokens - len(prefix) tokens, so that prefix and
     continuation together are held to what the rollout itself was (a prefix late in a long answer is not given a
-    second budget that its rollout never had). grade: a callable, or a list of them, one a pair (pairs of
-    different problems, each graded against its own gold answer, share a batch). The n continuations of a prefix
+    second budget that its rollout never had). The n continuations of a prefix
     run as one group of the sampler, the prefix's cache shared (sample.generate); pairs are batched `batch` rows
     at a time. decode(ids) -> text of response tokens."""
-    grades = grade if isinstance(grade, list) else [grade] * len(prompts)
     values, per_call = [], max(1, batch // n)
     for s in range(0, len(prompts), per_call):
         pairs = list(zip(prompts[s:s + per_call], prefixes[s:s + per_call], grades[s:s + per_call]))

@@ -79,11 +79,11 @@ def test_f2_prefix_values_continue_the_prefix_and_grade_the_whole_text(base):
     common = dict(n=6, temperature=1.0, max_new_tokens=24, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
                   eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch=12)
     torch.manual_seed(0)
-    assert epicprm.prefix_values(model, [prompt] * 3, [prefix] * 3, grade=lambda t: t.startswith("7+8=15\n"),
-                                 **common) == [1.0] * 3
-    assert epicprm.prefix_values(model, [prompt], [prefix], grade=lambda t: len(t) > 1000, **common) == [0.0]
+    starts = [lambda t: t.startswith("7+8=15\n")] * 3
+    assert epicprm.prefix_values(model, [prompt] * 3, [prefix] * 3, grades=starts, **common) == [1.0] * 3
+    assert epicprm.prefix_values(model, [prompt], [prefix], grades=[lambda t: len(t) > 1000], **common) == [0.0]
     texts = []
-    v = epicprm.prefix_values(model, [prompt], [prefix], grade=lambda t: texts.append(t) or "\\boxed{6}" in t,
+    v = epicprm.prefix_values(model, [prompt], [prefix], grades=[lambda t: texts.append(t) or "\\boxed{6}" in t],
                               **common)
     assert len(texts) == 6 and v == [sum("\\boxed{6}" in t for t in texts) / 6]
 
@@ -98,7 +98,7 @@ def test_f2_a_continuation_shares_its_rollouts_budget_and_each_pair_has_its_own_
     texts = ([], [])
     grades = [lambda t: texts[0].append(t) or True, lambda t: texts[1].append(t) and False]
     torch.manual_seed(0)
-    v = epicprm.prefix_values(model, [prompt] * 2, [prefix, []], grade=grades, max_new_tokens=len(prefix), n=4,
+    v = epicprm.prefix_values(model, [prompt] * 2, [prefix, []], grades=grades, max_new_tokens=len(prefix), n=4,
                               temperature=1.0, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
                               eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch=8)
     assert v == [1.0, 0.0] and texts[0] == ["7+8=15\n"] * 4

@@ -271,3 +271,13 @@ def test_profile_step_prints_the_pass_and_its_top_operators(base, capsys):
     head = out.splitlines()[0]
     assert head.startswith("tiny, float32, 1 thread(s): 64 rows x (") and "GFLOP/s of model FLOPs" in head
     assert "aten::mm" in out  # the products are among the top operators
+
+
+def test_training_flops_counts_six_a_weight_a_token_and_prompts_without_the_output_layer():
+    # one layer, hidden 8, FFN 16, 2 heads of 4, 1 KV head: q 8x8 + k 8x4 + v 8x4 + o 8x8 + gate, up 8x16 + down
+    # 16x8 = 64 + 32 + 32 + 64 + 128 + 128 + 128 = 576 weights that multiply; output layer 10 x 8 = 80.
+    # 3 response tokens and 2 prompt tokens: 6 x (576 x 5 + 80 x 3) = 6 x 3120 = 18720
+    import transformers
+    cfg = transformers.Qwen2Config(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1, vocab_size=10)
+    assert workload.training_flops(cfg, 3, 2) == 18720

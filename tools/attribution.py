@@ -17,8 +17,9 @@ tasks the exact first error (toyworld/credit.py) is scored too, side by side.
 
 OUT (--out, default runs/attribution-MODEL-DATASET) holds rollouts.jsonl (a line per located rollout and one per
 problem, written when the problem's block is done: a killed run continues from the last whole block, run with the
-same --limit and --group-batch, and the table can be recomputed from it), table.md (the printed table: per rule and aggregation hit@1, hit@3, AUC and mean rank with 95 % bootstrap
-intervals over rollouts), auc.png, and rollouts.html (the first wrong step marked, each rule's step blame coloured).
+same --limit and --group-batch, and the table can be recomputed from it), table.md (the printed table: per rule and
+aggregation hit@1, hit@3, AUC and mean rank with 95 % bootstrap intervals over rollouts), auc.png, and
+rollouts.html (the first wrong step marked, each rule's step blame coloured).
 --responses FILE takes answers made elsewhere instead of sampling (JSON lines of question, answer, response): they
 have no group, so only the rules that need none (methods.Rule.needs_group) score them.
 """
@@ -61,8 +62,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=shared.number, default=1.0,
                    help="of the rollouts and of the continuations (F2)")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="a rollout's length limit, and what it leaves a continuation after its prefix (F2) (default: the "
-                        "data's; 512 for a real model)")
+                   help="a rollout's length limit, and what it leaves a continuation after its prefix (F2) "
+                        "(default: the data's; 512 for a real model)")
     p.add_argument("--n", type=int, default=16, help="F2: continuations per probed prefix (EpicPRM's least: 16)")
     p.add_argument("--refine", action="store_true", help="F3: then the first wrong token inside the step")
     p.add_argument("--rules", default=",".join(methods.RULES),
@@ -127,7 +128,7 @@ class World:
         grades = [lambda t, g=gold: reward.is_correct(t, g) is True for _, gold in prompts]
         with sample.autocast(a.device, a.bf16):
             return epicprm.prefix_values(self.model, [p for p, _ in prompts], prefixes, n=a.n,
-                                         temperature=a.temperature, max_new_tokens=a.max_new_tokens, grade=grades,
+                                         temperature=a.temperature, max_new_tokens=a.max_new_tokens, grades=grades,
                                          decode=self.text, eos_id=self.tok.eos_token_id,
                                          pad_id=self.tok.pad_token_id, batch=a.batch)
 
@@ -393,7 +394,8 @@ def report(out: str, lines: list, world_task: bool, seconds: float = None) -> st
     head = (f"{len(problems)} problems, sampled accuracy {acc:.3f}, {len(mixed)} mixed groups, {len(rows)} wrong "
             f"rollouts located from {len({r['problem'] for r in rows})} problems (not located: "
             f"{sum(x.get('truncated', 0) for x in mixed)} cut off by the token budget, "
-            f"{sum(x.get('one_step', 0) for x in mixed)} of one step, {sum(x['wrong'] - x.get('truncated', 0) - x.get('one_step', 0) for x in zero)} more of the "
+            f"{sum(x.get('one_step', 0) for x in mixed)} of one step, "
+            f"{sum(x['wrong'] - x.get('truncated', 0) - x.get('one_step', 0) for x in zero)} more of the "
             f"{len(zero)} problems whose v(question) is 0); {sum(len(r['steps']) for r in rows) / len(rows):.1f} steps "
             f"a rollout")
     if seconds:

@@ -16,7 +16,7 @@ import torch
 
 import grpo
 import sample
-from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, load_workload, matmul_parameters
+from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, load_workload, training_flops
 
 
 def batch(w, rows: int, T: int, seed: int = 0) -> dict:
@@ -67,11 +67,8 @@ def main(argv=None):
         for _ in range(args.repeat):
             one_pass(w, b)
         seconds = (time.perf_counter() - t0) / args.repeat
-    n, P, T = matmul_parameters(w.config), b["prompt_len"], a.max_new_tokens
-    groups = -(-rows // a.group_size)
-    # 6 FLOPs a multiplying weight a token (forward 2, backward 4); a group's prompt runs once, without the output
-    # layer (as benchparts/steps.training_mfu counts)
-    flops = 6 * (n["layers"] * (rows * T + groups * P) + n["output layer"] * rows * T)
+    P, T = b["prompt_len"], a.max_new_tokens
+    flops = training_flops(w.config, rows * T, -(-rows // a.group_size) * P)  # a group's prompt runs once
     print(f"{args.model}, {'bf16 autocast' if a.bf16 else 'float32'}, {torch.get_num_threads()} thread(s): {rows} "
           f"rows x ({P} prompt + {T} response) tokens, a forward and backward in {seconds:.2f} s, "
           f"{flops / seconds / 1e9:.1f} GFLOP/s of model FLOPs (profiler on)")

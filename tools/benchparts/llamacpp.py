@@ -100,8 +100,8 @@ def llama_timed(table: Table, w: Workload, llm, path: str, threads: int, ours: d
     for k, p in enumerate(w.prompts):
         seqs, took = decode(llm, [p], 1, a.max_new_tokens, a.temperature, a.seed + k, threads)
         tokens, seconds = tokens + sum(map(len, seqs)), seconds + took
-    table.row("llama.cpp", f"sampled, one sequence at a time, {quant} GGUF: useful tokens/s", f"{tokens / seconds:,.0f}",
-              "", "")
+    table.row("llama.cpp", f"sampled, one sequence at a time, {quant} GGUF: useful tokens/s",
+              f"{tokens / seconds:,.0f}")
     seqs, seconds = decode(llm, w.prompts, a.group_size, a.max_new_tokens, a.temperature, a.seed, threads)
     tps = sum(map(len, seqs)) / seconds
     table.row("llama.cpp", f"sampled, {len(w.prompts)} prompts x {a.group_size} together, {quant} GGUF: useful "

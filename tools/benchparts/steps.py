@@ -9,7 +9,7 @@ import tempfile
 import methods
 from infra import checkpoint
 from tools.benchparts.table import Table, median, progress, rate
-from tools.benchparts.workload import Setting, Workload, matmul_parameters
+from tools.benchparts.workload import Setting, Workload, training_flops
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project's root
@@ -92,18 +92,15 @@ def step_rows(table: Table, flags, chosen: list, setting: Setting, threads) -> d
 
 def training_mfu(table: Table, w: Workload, method: str, r: dict, limits: dict):
     """Training MFU of a method's step: model FLOPs a second over the matmul peak at the training shape in the
-    precision used. Counted: 6 FLOPs (forward 2, backward 4) per multiplying weight per token trained on, where
-    the tokens are the responses of the rollouts trained on and each of their groups' prompt once (a group's
-    prompt runs once, and it skips the output layer); attention's own products (small at these lengths), and the
-    padding up to a micro-batch's longest response, are not counted. The rollouts trained on are those of the
-    groups that mixed right and wrong (1 - zero_adv_groups of them)."""
+    precision used (workload.training_flops), over the tokens trained on: the responses of the rollouts of the
+    groups that mixed right and wrong (1 - zero_adv_groups of them) and each of those groups' prompt once."""
     if not limits:
         return
-    a, n = w.args, matmul_parameters(w.config)
+    a = w.args
     mixed = 1 - r["zero_adv_groups"]
     responses = mixed * a.prompts_per_step * a.group_size * r["response_len"]
     prompts = mixed * a.prompts_per_step * w.prompt_tokens
-    flops = 6 * (n["layers"] * (responses + prompts) + n["output layer"] * responses) / r["time_train"]
+    flops = training_flops(w.config, responses, prompts) / r["time_train"]
     precision = "bfloat16" if a.bf16 else "float32"
     peak = limits[precision]["train"]
     table.row("step", f"{method} training MFU ({responses + prompts:,.0f} tokens a step), {precision}",

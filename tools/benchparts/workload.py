@@ -93,6 +93,14 @@ def matmul_parameters(cfg) -> dict:
     return {"layers": n["projections"], "output layer": cfg.vocab_size * cfg.hidden_size}
 
 
+def training_flops(cfg, responses: float, prompts: float) -> float:
+    """Model FLOPs of a training pass: 6 a multiplying weight a token (forward 2, backward 4), over the response
+    tokens and the prompt tokens run (a group's prompt once); prompts skip the output layer. Attention's own
+    products and padding are not counted."""
+    n = matmul_parameters(cfg)
+    return 6 * (n["layers"] * (responses + prompts) + n["output layer"] * responses)
+
+
 def overridden(setting: Setting, args) -> Setting:
     """The setting with the counts given on the command line (--steps, --warmup, --rounds, --repeat); one line and
     exit where they leave no step to time."""
