@@ -105,7 +105,7 @@ def model_forward(model, attn):
     once (tests/test_oar.py)."""
     positions = sample.position_ids(attn)  # [N, L]
 
-    def forward(rows, keep: int, ids=None, embeds=None):
+    def forward(rows, keep: int, ids=None, embeds=None, start: int = 0):  # start: the fast path's; all run here
         return model(input_ids=ids, inputs_embeds=embeds, attention_mask=attn[rows], position_ids=positions[rows],
                      logits_to_keep=keep).logits  # [n, keep, V]
     return forward
@@ -113,24 +113,33 @@ def model_forward(model, attn):
 
 @torch.no_grad()
 def perturbation_scores(model, ids, attn, reason, probe, pad_id: int, mode: str = "last", chunk: int = 256,
-                        forward=None):
+                        forward=None, share_rows: bool = False):
     """O2 (OAR-P). I_t = KL(P_final || P_final^(t)), where P_final^(t) is the probe with reasoning token t
     replaced by the pad id (same length). One forward per reasoning token, `chunk` sequences at a time (the
     authors' listing put all R copies in one batch); eval mode, no grad. ids, attn, reason, probe [n, L] ->
     I [n, L], 0 off the reasoning. forward: model_forward(model, attn) unless given (the prompt-sharing one).
 
-    The reasoning before t is unchanged too, so its cache could be reused as well; on the tiny world that is a
-    dozen tokens, and one forward over everything after the prompt is the readable choice.
+    share_rows (speed only, the same scores: tests/test_oar.py): a copy equals its row before token t, so each
+    row's keys and values are computed once (fastpath.prompt_sharing with whole rows as the prompts) and a copy
+    runs from its perturbed token on: about half the columns of a long reasoning. The copies of a chunk are
+    consecutive tokens, so they start from the chunk's first.
     """
     keep, forward = _probe_columns(probe), forward or model_forward(model, attn)
     logp = outcome_probe(forward(torch.arange(len(ids)), keep, ids=ids), probe[:, -keep:], mode)  # [n, V]
-    rows, cols = reason.nonzero(as_tuple=True)  # [M], [M] one perturbed copy per reasoning token
+    head = 0  # the columns before every copy's perturbed token that the forward may take from a cache
+    if share_rows:
+        whole = fastpath.prompt_sharing(model, ids, attn, sample.position_ids(attn), ids.shape[1] - keep,
+                                        torch.arange(len(ids), device=ids.device))  # each row its own "prompt"
+        forward, head = (whole, ids.shape[1] - keep) if whole else (forward, 0)
+    rows, cols = reason.nonzero(as_tuple=True)  # [M], [M] one perturbed copy per reasoning token, row-major
     scores = torch.zeros(reason.shape, device=ids.device)  # [n, L]
     for s in range(0, len(rows), chunk):
         r, c = rows[s:s + chunk], cols[s:s + chunk]
         perturbed = ids[r].clone()  # [m, L]
         perturbed[torch.arange(len(r)), c] = pad_id
-        scores[r, c] = kl(logp[r], outcome_probe(forward(r, keep, ids=perturbed), probe[r, -keep:], mode))
+        logits = forward(r, keep, ids=perturbed, start=min(int(c.min()), head)) if head else \
+            forward(r, keep, ids=perturbed)  # [m, keep, V]
+        scores[r, c] = kl(logp[r], outcome_probe(logits, probe[r, -keep:], mode))
     return scores
 
 
@@ -216,7 +225,8 @@ def token_weights(model, prompts: list, responses: list, pieces: list, answers: 
 
     def score(ids, attn, reason, probe_mask, P, forward):  # O2 or O3, then O4-O5: weights [n, L]
         if scorer == "perturb":
-            scores = perturbation_scores(model, ids, attn, reason, probe_mask, pad_id, probe, chunk, forward)
+            scores = perturbation_scores(model, ids, attn, reason, probe_mask, pad_id, probe, chunk, forward,
+                                         share_rows=True)
         else:
             scores = gradient_scores(model, ids, attn, reason, probe_mask, probe, sigma, forward)
         return reshape(normalise(scores, reason), reason, q, beta)  # [n, L]

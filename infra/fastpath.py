@@ -9,7 +9,8 @@ the sampler and the scorer do; this is how two of their forwards are made fast, 
     prompt_prefill       each distinct prompt of a batch run once (a GRPO group shares one); with cache_for its
                          keys and values are copied to the group's rows (sample.token_logprobs, OAR's scores):
                          equals each row's own forward, log-probs and gradients (in float64 to 1e-10)
-    prompt_sharing       OAR's forward (O2, O3) over prompt_prefill's cache: oar.model_forward's numbers
+    prompt_sharing       OAR's forward (O2, O3) over prompt_prefill's cache: oar.model_forward's numbers; with
+                         whole rows as the "prompts", OAR-P's copies run only from their perturbed token on
     logits_after_prompt  the forward after a shared prompt, the last layer run only for the columns read (OAR)
 
 Which model goes which way (any other model takes the plain path, the model's own forward, in sample.py / oar.py):
@@ -166,26 +167,31 @@ def cache_for(kv, rows: torch.Tensor) -> DynamicCache:
 
 def prompt_sharing(model, ids, attention_mask, positions, prompt_len: int, groups: torch.Tensor):
     """OAR's forward (oar.model_forward's interface) with each distinct prompt run once: forward(rows, keep,
-    ids=None, embeds=None) -> the logits of the last `keep` columns [n, keep, V] of rows [n], from their ids [n, L]
-    or input embeddings [n, L, H] over all columns, as the model's own forward over every column gives them. Only
-    the columns after the prompt run, at each call: the prompts' keys and values were computed once, here, without
+    ids=None, embeds=None, start=prompt_len) -> the logits of the last `keep` columns [n, keep, V] of rows [n], from
+    their ids [n, L] or input embeddings [n, L, H] over all columns, as the model's own forward over every column
+    gives them, provided their first `start` columns are their group's. Only the columns from `start` on run, at
+    each call: the prompts' keys and values were computed once, here, without
     gradients (prompt_prefill), so a gradient reaches the embeddings after the prompt only, the only ones OAR
     perturbs or adds noise to. groups [N]: which rows share a prompt, which fills the first prompt_len columns of ids
     [N, L]; attention_mask, positions [N, L] (sample.position_ids). None where the model's cache cannot be shared
     (shares_prompts): the model's own forward then runs."""
     if not shares_prompts(model):
         return None
-    P = prompt_len
     with torch.no_grad():
-        kv, _, prompt_of = prompt_prefill(model.get_decoder(), ids, attention_mask, positions, P, groups)
+        kv, _, prompt_of = prompt_prefill(model.get_decoder(), ids, attention_mask, positions, prompt_len, groups)
 
-    def forward(rows, keep: int, ids=None, embeds=None):
+    def forward(rows, keep: int, ids=None, embeds=None, start: int = prompt_len):
+        P = start  # the columns taken from the cache: the prompt's, or fewer (OAR-P's copies of whole rows)
+        if not 0 < P <= prompt_len:
+            raise ValueError(f"prompt_sharing: start {P} outside 1..{prompt_len}, the columns cached")
+        part = [(k[:, :, :P], v[:, :, :P]) for k, v in kv]  # views: [U, Hkv, P, D] each
         if decodes(model):  # the written-out layers: the last one only for the `keep` columns
             embeds = model.get_input_embeddings()(ids[:, P:]) if embeds is None else embeds[:, P:]
-            return logits_after_prompt(model, embeds, attention_mask[rows], positions[rows], kv, prompt_of[rows], keep)
+            return logits_after_prompt(model, embeds, attention_mask[rows], positions[rows], part, prompt_of[rows],
+                                       keep)
         out = model(input_ids=None if ids is None else ids[:, P:], inputs_embeds=None if embeds is None else
                     embeds[:, P:], attention_mask=attention_mask[rows], position_ids=positions[rows, P:],
-                    past_key_values=cache_for(kv, prompt_of[rows]), use_cache=True, logits_to_keep=keep)
+                    past_key_values=cache_for(part, prompt_of[rows]), use_cache=True, logits_to_keep=keep)
         return out.logits  # [n, keep, V]
     return forward
 

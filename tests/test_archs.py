@@ -152,7 +152,11 @@ def test_oar_weights_equal_the_full_forward(tok, arch):
     groups = torch.tensor([0, 1, 0, 0])
     for name, rel, score in [("OAR-P", 1e-4, lambda **kw: oar.perturbation_scores(
                                  model, ids, attn, reason, probe, tok.pad_token_id, "last", chunk=16, **kw)),
-                             ("OAR-G", 1e-2, lambda **kw: oar.gradient_scores(model, ids, attn, reason, probe, **kw))]:
+                             ("OAR-G", 1e-2, lambda **kw: oar.gradient_scores(model, ids, attn, reason, probe, **kw)),
+                             # and each copy run from its perturbed token on, over its whole row's cache
+                             ("OAR-P rows", 1e-4, lambda **kw: oar.perturbation_scores(
+                                 model, ids, attn, reason, probe, tok.pad_token_id, "last", chunk=3,
+                                 share_rows="forward" in kw, **kw))]:
         torch.manual_seed(0)
         plain = score()
         torch.manual_seed(0)

@@ -201,6 +201,10 @@ def test_shared_prompts_give_the_plain_scores(base):
                                      forward=fast)
     # (float sums in another order: the smallest KLs, under 1e-6 of the largest, moved by up to 1 % here)
     assert plain.max() > 0 and torch.allclose(shared, plain, rtol=1e-2, atol=1e-5 * plain.max().item())
+    # each whole row run once, each copy from its perturbed token on; chunk 3 mixes rows and starts in a chunk
+    rows = oar.perturbation_scores(model, ids, attn, reason, probe, tok.pad_token_id, "last", chunk=3,
+                                   forward=fast, share_rows=True)
+    assert torch.allclose(rows, plain, rtol=1e-2, atol=1e-5 * plain.max().item())
     torch.manual_seed(0)
     plain = oar.gradient_scores(model, ids, attn, reason, probe)
     torch.manual_seed(0)
