@@ -71,6 +71,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--oar-p-limit", type=int, default=None,
                    help="score rules that run a forward per response token (methods.Rule.scoring 'forward': OAR-P) on "
                         "the groups of the first N located rollouts only")
+    p.add_argument("--rescore", action="store_true",
+                   help="score --rules on the rollouts OUT already located, none located again: each block's groups "
+                        "drawn again (run with the locating run's --seed, --group-batch, --threads), a line gaining the "
+                        "rules it lacks (--oar-p-limit N: OAR-P on the first N)")
     p.add_argument("--batch", type=int, default=64, help="rows per sampling call (probes x n)")
     p.add_argument("--group-batch", type=int, default=1,
                    help="problems taken as one block: their groups sampled in one call (G x this many rows), then "
@@ -95,6 +99,8 @@ def check(p, args):
     for r in rules:
         if r not in methods.RULES:
             p.error(f"--rules: unknown rule {r!r} (choose from {', '.join(methods.RULES)})")
+    if args.rescore and args.responses:
+        p.error("--rescore: takes the sampled groups of OUT, not --responses (whose rules need no second pass)")
     if args.responses and not os.path.isfile(args.responses):
         p.error(f"--responses {args.responses}: no such file")
     args.rules = rules
@@ -200,13 +206,21 @@ def record(world: World, i: int, j: int, problem: dict, ids: list, loc, v0: floa
            "first_wrong_step": k, "v_before": above, "v_at": below,
            "se_before": None if above is None else epicprm.standard_error(above, n),
            "se_at": None if below is None else epicprm.standard_error(below, n),
-           "first_wrong_token": loc.token,
-           "blame": {r: {how: epicprm.step_blame(b[:len(ids)], spans, how).tolist() for how in HOWS}
-                     for r, b in blame.items()},
-           "scores": scores({r: b[:len(ids)] for r, b in blame.items()}, spans, k)}
-    if exact is not None:  # the synthetic tasks: the exact first error's step, and the rules scored against it
-        row["exact_step"] = exact
-        row["scores_exact"] = scores({r: b[:len(ids)] for r, b in blame.items()}, spans, exact)
+           "first_wrong_token": loc.token, "exact_step": exact}
+    if exact is None:  # the synthetic tasks only: the exact first error's step
+        del row["exact_step"]
+    return judge(row, {r: b[:len(ids)] for r, b in blame.items()})
+
+
+def judge(row: dict, blame: dict) -> dict:
+    """row (a located rollout's line) with each rule's step blame (F4, both aggregations) of its token blame [T] and
+    its scores against the first wrong step, and against the exact first error where the line has one."""
+    spans = [tuple(s["tokens"]) for s in row["steps"]]
+    row.setdefault("blame", {}).update({r: {how: epicprm.step_blame(b, spans, how).tolist() for how in HOWS}
+                                        for r, b in blame.items()})
+    row.setdefault("scores", {}).update(scores(blame, spans, row["first_wrong_step"]))
+    if row.get("exact_step") is not None:
+        row.setdefault("scores_exact", {}).update(scores(blame, spans, row["exact_step"]))
     return row
 
 
@@ -287,6 +301,46 @@ def run_block(world: World, first: int, groups: dict, write, scored: dict):
                 scored["forward"] = scored.get("forward", 0) + len(todo[i])
             lines[i]["located"] = len(todo[i])
         write(lines[i])
+
+
+def rescore(world: World, path: str, lines: list, blocks: list):
+    """--rescore: the rules of --rules that a located rollout's line lacks, scored on the groups drawn again (the
+    seed of a block draws its groups again, sample_groups), and written into the line; the file is replaced whole
+    (written aside, then renamed) after each problem, so a killed rescore keeps what it finished. A redrawn rollout
+    that is not the line's (another --group-batch, seed or thread count) is reported and left as it was."""
+    a = world.args
+    forward = sum(1 for x in lines if "rollout" in x and any(methods.RULES[r].scoring == "forward" for r in x["blame"]
+                                                              if r in methods.RULES))
+
+    def missing(x) -> list:
+        rules = [r for r in a.rules if r not in x["blame"]]
+        full = a.oar_p_limit is not None and forward >= a.oar_p_limit
+        return [r for r in rules if not (full and methods.RULES[r].scoring == "forward")]
+    todo = [b for b in blocks if any("rollout" in x and x["problem"] in b and missing(x) for x in lines)]
+    print(f"rescoring {sum(1 for x in lines if 'rollout' in x and missing(x))} located rollouts of {len(todo)} blocks")
+    for block in tqdm(todo, desc="blocks"):
+        groups = sample_groups(world, block[0], [world.problems[i] for i in block])
+        for i in block:
+            mine = [x for x in lines if "rollout" in x and x["problem"] == i and missing(x)]
+            if not mine:
+                continue
+            _, batch, responses, correct = groups[i]
+            same = [x for x in mine if "".join(world.piece_list(responses[x["rollout"]])) == x["response"]]
+            for x in mine:
+                if x not in same:
+                    print(f"problem {i} rollout {x['rollout']}: drawn again it is another response; not rescored")
+            rules = sorted({r for x in same for r in missing(x)}, key=a.rules.index)
+            if not same or not rules:
+                continue
+            blame = blames(world, batch, world.problems[i], correct, rules, rows=[x["rollout"] for x in same])
+            for x in same:
+                j = x["rollout"]
+                judge(x, {r: b[j][:len(responses[j])] for r, b in blame.items() if r in missing(x)})
+            if any(methods.RULES[r].scoring == "forward" for r in rules):
+                forward += len(same)
+            with open(path + ".tmp", "w") as f:
+                f.writelines(json.dumps(x) + "\n" for x in lines)
+            os.replace(path + ".tmp", path)
 
 
 def bootstrap(values: list, draws: int = 1000, seed: int = 0) -> tuple:
@@ -440,11 +494,15 @@ def main(argv=None):
     beyond = [x for x in done_lines if x["problem"] >= len(problems)]  # a larger --limit's: kept, not reported
     with open(path, "w") as f:  # rewritten without a cut last line or an unfinished block's lines
         f.writelines(json.dumps(x) + "\n" for x in done_lines if x["problem"] in done or x in beyond)
-    todo = [b for b in blocks if b[0] not in done]
+    todo = [] if args.rescore else [b for b in blocks if b[0] not in done]
+    if args.rescore:
+        rescore(world, path, read_lines(path), [b for b in blocks if b[0] in done])
     G, n, L = args.group_size, args.n, args.max_new_tokens
-    print(f"{len(problems)} problems ({len(done)} done before), G = {G}, n = {n}: at most about "
-          f"{(G + n + G * 4 * n) * L:,} new tokens a problem (G rollouts, n for the question, about 4 probes of n "
-          f"for each wrong one, as if all ran to {L} tokens: a probe has {L} less its prefix, and most stop earlier)")
+    if todo:
+        print(f"{len(problems)} problems ({len(done)} done before), G = {G}, n = {n}: at most about "
+              f"{(G + n + G * 4 * n) * L:,} new tokens a problem (G rollouts, n for the question, about 4 probes of "
+              f"n for each wrong one, as if all ran to {L} tokens: a probe has {L} less its prefix, and most stop "
+              f"earlier)")
     scored, t0 = {"forward": sum(1 for x in done_lines if "rollout" in x and x["problem"] in done)}, time.time()
     with open(path, "a") as f:
         def write(line):
