@@ -6,6 +6,8 @@ seconds at Qwen2.5-Math-1.5B's configuration (issue 28). One table, each row pri
     python -m tools.bench --model qwen2.5-coder-0.5b --threads 2 --trl
     python -m tools.bench --parts steps --methods grpo,ktae --steps 6    # a quick look at two methods' steps
     python -m tools.bench --model smollm2-135m -- --bf16      # more train.py flags, for every part (bf16 autocast)
+    python -m tools.bench --model qwen2.5-coder-0.5b --parts steps --methods grpo,oar-p -- --max-new-tokens 128
+                                                              # a length after --: OAR-P's too (else a short one)
 
 Parts (--parts, in this order): machine (matrix products at the model's shapes, float32 and bf16; memory
 bandwidth), sampler (sample.generate against model.generate on the same prompts, lengths and batch, greedy and

@@ -102,10 +102,12 @@ def training_flops(cfg, responses: float, prompts: float) -> float:
 
 
 def overridden(setting: Setting, args) -> Setting:
-    """The setting with the counts given on the command line (--steps, --warmup, --rounds, --repeat); one line and
-    exit where they leave no step to time."""
+    """The setting with the counts given on the command line (--steps, --warmup, --rounds, --repeat), and no short
+    length for OAR-P where a length follows --; one line and exit where they leave no step to time."""
     import dataclasses
     given = {k: getattr(args, k) for k in ("steps", "warmup", "rounds", "repeat") if getattr(args, k) is not None}
+    if any(f.split("=")[0] == "--max-new-tokens" for f in getattr(args, "train_args", ())):
+        given["short"] = ()  # a length given after -- is every method's, OAR-P's too: its cost at that length
     s = dataclasses.replace(setting, **given)
     if s.steps <= s.warmup or min(s.rounds, s.repeat) < 1 or s.warmup < 0:
         sys.exit(f"bench.py: --steps {s.steps} --warmup {s.warmup} --rounds {s.rounds} --repeat {s.repeat}: a run's "
