@@ -27,7 +27,7 @@ class Draw:
     problems: list  # the groups' problems, in group order (fewer than B when D2 ran out of rounds)
     batch: dict  # their rollouts in sample.generate's layout, with "correct"; None when no group mixed (D2)
     generated: int  # groups sampled this step
-    mixed: int  # of those, the groups kept as mixing right and wrong answers (one plain round keeps all B)
+    mixed: int  # of those, the groups that mix right and wrong answers (D2 keeps these only; GRPO all B)
     rounds: int = 1  # rounds of sampling
     carried: int = 0  # groups taken from the buffer of earlier steps
     buffer: tuple = ([], [])  # the mixed groups left for the next step: (problems, batches)

@@ -121,8 +121,8 @@ def perturbation_scores(model, ids, attn, reason, probe, pad_id: int, mode: str 
 
     share_rows (speed only, the same scores: tests/test_oar.py): a copy equals its row before token t, so each
     row's keys and values are computed once (fastpath.prompt_sharing with whole rows as the prompts) and a copy
-    runs from its perturbed token on: about half the columns of a long reasoning. The copies of a chunk are
-    consecutive tokens, so they start from the chunk's first.
+    runs from its perturbed token on: about half the columns of a long reasoning. A chunk's copies run from its
+    earliest perturbed column (they are consecutive tokens, of one row or two).
     """
     keep, forward = _probe_columns(probe), forward or model_forward(model, attn)
     logp = outcome_probe(forward(torch.arange(len(ids)), keep, ids=ids), probe[:, -keep:], mode)  # [n, V]

@@ -200,7 +200,8 @@ def draw_batch(run: Run, checker: dict) -> dapo.Draw:
     args, B = run.args, run.args.prompts_per_step
     if not args.dynamic_sampling:
         qs, batch = sample_round(run, checker)
-        return dapo.Draw(qs, batch, generated=B, mixed=B)
+        mixed = int(dapo.mixed_groups(batch["correct"].view(B, args.group_size)).sum())  # logged: all B are kept
+        return dapo.Draw(qs, batch, generated=B, mixed=mixed)
     draw = dapo.fill_batch(lambda: sample_round(run, checker), B, args.group_size, args.max_sampling_rounds,
                            run.buffer, args.keep_surplus, run.tokenizer.pad_token_id)
     if len(draw.problems) < B and args.short_batch == "stop":

@@ -170,9 +170,9 @@ def prompt_sharing(model, ids, attention_mask, positions, prompt_len: int, group
     ids=None, embeds=None, start=prompt_len) -> the logits of the last `keep` columns [n, keep, V] of rows [n], from
     their ids [n, L] or input embeddings [n, L, H] over all columns, as the model's own forward over every column
     gives them, provided their first `start` columns are their group's. Only the columns from `start` on run, at
-    each call: the prompts' keys and values were computed once, here, without
-    gradients (prompt_prefill), so a gradient reaches the embeddings after the prompt only, the only ones OAR
-    perturbs or adds noise to. groups [N]: which rows share a prompt, which fills the first prompt_len columns of ids
+    each call: the prompts' keys and values were computed once, here, without gradients (prompt_prefill), so a
+    gradient reaches the embeddings from `start` on only (the prompt's end by default: OAR perturbs or adds noise
+    to the response's alone). groups [N]: which rows share a prompt, which fills the first prompt_len columns of ids
     [N, L]; attention_mask, positions [N, L] (sample.position_ids). None where the model's cache cannot be shared
     (shares_prompts): the model's own forward then runs."""
     if not shares_prompts(model):

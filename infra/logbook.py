@@ -36,7 +36,7 @@ def step_record(step: int, batch: dict, rewards, mask, adv, checker: dict, draw,
         "groups_generated": draw.generated,
         "groups_kept": len(draw.problems),
         "groups_carried_in": draw.carried,  # D2 buffer of earlier steps used here
-        "groups_mixed": draw.mixed,  # groups sampled this step kept as mixing right and wrong (GRPO: all B)
+        "groups_mixed": draw.mixed,  # groups sampled this step that mix right and wrong (D2 keeps these only)
         "sampling_rounds": draw.rounds,
         "grad_norm": stats["grad_norm"],
         "nonfinite_updates": stats["nonfinite_updates"],  # updates skipped because the loss or gradient was not finite

@@ -157,7 +157,8 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     Sampling: the KV cache of `gen_rollouts` rows of prompt + response tokens (2 x layers x KV heads x head dim
     each), and a few [rows, vocabulary] float32 buffers for the next-token distribution.
     Advantage (OAR only: oar_chunk rollouts a scoring forward): OAR scores in float32; OAR-G (oar_gradient) keeps
-    the activations of each chunk for its backward to the embeddings, OAR-P none (no gradient).
+    the activations of each chunk for its backward to the embeddings; OAR-P keeps none (no gradient) but gathers,
+    for its copies of the rows, each row's cache before the perturbed token (oar.perturbation_scores, share_rows).
     Training forward of `micro_batch` rows: the activations autograd keeps, per token and layer about
     10 H + 2 kv + 4 I values (norm inputs, q/k/v, attention output, the MLP's gate, up, SiLU and product), a
     group's prompt once (sample.token_logprobs shares it), at 4 bytes each even under --bf16: autocast leaves the
@@ -203,6 +204,8 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
             **({f"its backward's activations (OAR-G, GRAIL): {oar_chunk} rows x {max_new_tokens + 16} tokens "
                 f"(float32)":
                 scored * L * per_layer * 4} if oar_gradient else {}),
+            **({f"its perturbed copies' cache, gathered from the rows' (OAR-P): {oar_chunk} copies at most":
+                oar_chunk * (prompt_len + max_new_tokens + 16) * L * 2 * kv * 4} if not oar_gradient else {}),
             "its output layer, a few columns a row (OAR's probe, GRAIL's box)": 3 * oar_chunk * 4 * V * 4,
         }
         if lora_rank and bf16 and n["output layer"]:  # sample.float32 upcasts a bf16 layer's weight per product:

@@ -171,26 +171,30 @@ def test_groups_drawn_in_blocks_are_drawn_again_when_a_killed_run_resumes(base, 
 
 def test_rescore_adds_a_rule_to_the_located_lines_as_a_run_with_it_would_have(base, tmp_path, capsys):
     # A run scoring none and grail; its lines with grail taken out, then --rescore with grail again: the groups
-    # drawn again give the lines of the first run exactly, nothing located again. A line whose response is not
-    # what its block draws again (here: edited) is reported and left without the rule.
+    # drawn again give the lines of the first run exactly, nothing located again. Lines that are not what their
+    # block draws again (here: one response edited; another problem's count of right answers) are reported and left
+    # without the rule.
     out = tmp_path / "att"
     flags = ["--model", "tiny", "--dataset", "tiny", "--limit", "4", "--n", "4", "--threads", str(THREADS),
              "--rules", "none,grail", "--group-batch", "2", "--out", str(out)]
     attribution.main(flags)
     whole = [json.loads(x) for x in open(out / "rollouts.jsonl")]
     rows = [x for x in whole if "rollout" in x]
-    assert len(rows) >= 2 and all("grail" in x["blame"] for x in rows)  # one to edit, one or more to rescore
+    assert len({x["problem"] for x in rows}) >= 3 and all("grail" in x["blame"] for x in rows)
     stripped = json.loads(json.dumps(whole))
     for x in stripped:
         for key in ("blame", "scores", "scores_exact"):
             x.get(key, {}).pop("grail", None)
-    edited = next(x for x in stripped if "rollout" in x)
-    edited["response"] += " "
+    first, second = sorted({x["problem"] for x in rows})[:2]
+    edited = next(k for k, x in enumerate(stripped) if x.get("problem") == first and "rollout" in x)
+    stripped[edited]["response"] += " "
+    next(x for x in stripped if x["problem"] == second and x.get("done"))["correct"] += 1
+    left = [k for k, x in enumerate(stripped) if k == edited or (x["problem"] == second and "rollout" in x)]
     (out / "rollouts.jsonl").write_text("".join(json.dumps(x) + "\n" for x in stripped))
     capsys.readouterr()
     attribution.main(flags + ["--rescore"])
     again = [json.loads(x) for x in open(out / "rollouts.jsonl")]
-    assert "drawn again it is another response" in capsys.readouterr().out
-    assert "grail" not in again[stripped.index(edited)]["blame"]
-    assert [x for x in again if x is not again[stripped.index(edited)]] == \
-        [x for k, x in enumerate(whole) if k != stripped.index(edited)]
+    assert capsys.readouterr().out.count("its group drawn again is another; not rescored") == len(left)
+    assert [again[k] for k in left] == [stripped[k] for k in left]
+    assert [x for k, x in enumerate(again) if k not in left and "rollout" in x] == \
+        [x for k, x in enumerate(whole) if k not in left and "rollout" in x]

@@ -68,6 +68,9 @@ def test_short_run_raises_reward(base, tmp_path, method):
     for key in ["reward_mean", "accuracy", "response_len", "entropy", "kl", "clip_frac", "zero_adv_groups",
                 "time_sample", "time_train"]:
         assert key in steps[-1]
+    # the groups that mix right and wrong, counted though GRPO keeps every group: those with a non-zero advantage
+    assert all(m["groups_mixed"] == round(16 * (1 - m["zero_adv_groups"])) for m in steps)
+    assert len({m["groups_mixed"] for m in steps}) > 1
 
 
 def measured(path) -> list:

@@ -73,8 +73,8 @@ def parser() -> argparse.ArgumentParser:
                         "the groups of the first N located rollouts only")
     p.add_argument("--rescore", action="store_true",
                    help="score --rules on the rollouts OUT already located, none located again: each block's groups "
-                        "drawn again (run with the locating run's --seed, --group-batch, --threads), a line gaining the "
-                        "rules it lacks (--oar-p-limit N: OAR-P on the first N)")
+                        "drawn again (run with the locating run's --seed, --group-batch, --threads and --limit), a "
+                        "line gaining the rules it lacks (--oar-p-limit N: OAR-P on the first N)")
     p.add_argument("--batch", type=int, default=64, help="rows per sampling call (probes x n)")
     p.add_argument("--group-batch", type=int, default=1,
                    help="problems taken as one block: their groups sampled in one call (G x this many rows), then "
@@ -206,15 +206,16 @@ def record(world: World, i: int, j: int, problem: dict, ids: list, loc, v0: floa
            "first_wrong_step": k, "v_before": above, "v_at": below,
            "se_before": None if above is None else epicprm.standard_error(above, n),
            "se_at": None if below is None else epicprm.standard_error(below, n),
-           "first_wrong_token": loc.token, "exact_step": exact}
-    if exact is None:  # the synthetic tasks only: the exact first error's step
-        del row["exact_step"]
+           "first_wrong_token": loc.token}
+    if exact is not None:  # the synthetic tasks: the exact first error's step
+        row["exact_step"] = exact
     return judge(row, {r: b[:len(ids)] for r, b in blame.items()})
 
 
 def judge(row: dict, blame: dict) -> dict:
-    """row (a located rollout's line) with each rule's step blame (F4, both aggregations) of its token blame [T] and
-    its scores against the first wrong step, and against the exact first error where the line has one."""
+    """row (a located rollout's line), changed in place and returned: each rule's step blame (F4, both aggregations)
+    of its token blame [T] added, and its scores against the first wrong step, and against the exact first error
+    where the line has one."""
     spans = [tuple(s["tokens"]) for s in row["steps"]]
     row.setdefault("blame", {}).update({r: {how: epicprm.step_blame(b, spans, how).tolist() for how in HOWS}
                                         for r, b in blame.items()})
@@ -305,19 +306,21 @@ def run_block(world: World, first: int, groups: dict, write, scored: dict):
 
 def rescore(world: World, path: str, lines: list, blocks: list):
     """--rescore: the rules of --rules that a located rollout's line lacks, scored on the groups drawn again (the
-    seed of a block draws its groups again, sample_groups), and written into the line; the file is replaced whole
-    (written aside, then renamed) after each problem, so a killed rescore keeps what it finished. A redrawn rollout
-    that is not the line's (another --group-batch, seed or thread count) is reported and left as it was."""
+    seed of a block draws its groups again, sample_groups) and written into the line (judge); the file is replaced
+    whole (written aside, then renamed) after each problem, so a killed rescore keeps what it finished. blocks: the
+    blocks of this --limit and --group-batch whose problems are all done. A problem whose group drawn again is not
+    the one its lines record (its size, its right answers, a located rollout's text or steps: another
+    --group-batch, seed or thread count) is reported and left as it was."""
     a = world.args
-    forward = sum(1 for x in lines if "rollout" in x and any(methods.RULES[r].scoring == "forward" for r in x["blame"]
-                                                              if r in methods.RULES))
+    is_forward = lambda rules: any(methods.RULES[r].scoring == "forward" for r in rules if r in methods.RULES)  # noqa
+    forward = sum(1 for x in lines if "rollout" in x and is_forward(x["blame"]))  # OAR-P's rollouts so far
 
     def missing(x) -> list:
-        rules = [r for r in a.rules if r not in x["blame"]]
         full = a.oar_p_limit is not None and forward >= a.oar_p_limit
-        return [r for r in rules if not (full and methods.RULES[r].scoring == "forward")]
+        return [r for r in a.rules if r not in x["blame"] and not (full and is_forward([r]))]
     todo = [b for b in blocks if any("rollout" in x and x["problem"] in b and missing(x) for x in lines)]
-    print(f"rescoring {sum(1 for x in lines if 'rollout' in x and missing(x))} located rollouts of {len(todo)} blocks")
+    print(f"rescoring {sum(1 for x in lines if 'rollout' in x and missing(x))} located rollouts: {len(todo)} blocks "
+          f"of {a.group_batch} problems drawn again")
     for block in tqdm(todo, desc="blocks"):
         groups = sample_groups(world, block[0], [world.problems[i] for i in block])
         for i in block:
@@ -325,19 +328,24 @@ def rescore(world: World, path: str, lines: list, blocks: list):
             if not mine:
                 continue
             _, batch, responses, correct = groups[i]
-            same = [x for x in mine if "".join(world.piece_list(responses[x["rollout"]])) == x["response"]]
+            head = next(x for x in lines if x["problem"] == i and x.get("done"))
+            same = [x for x in mine if (head["group"], head["correct"]) == (len(correct), sum(correct))
+                    and "".join(world.piece_list(responses[x["rollout"]])) == x["response"]
+                    and [list(s) for s in epicprm.steps(world.piece_list(responses[x["rollout"]]))]
+                    == [s["tokens"] for s in x["steps"]]]
             for x in mine:
                 if x not in same:
-                    print(f"problem {i} rollout {x['rollout']}: drawn again it is another response; not rescored")
-            rules = sorted({r for x in same for r in missing(x)}, key=a.rules.index)
+                    print(f"problem {i} rollout {x['rollout']}: its group drawn again is another; not rescored")
+            rules = [r for r in a.rules if any(r in missing(x) for x in same)]
             if not same or not rules:
                 continue
             blame = blames(world, batch, world.problems[i], correct, rules, rows=[x["rollout"] for x in same])
+            gained = 0
             for x in same:
-                j = x["rollout"]
-                judge(x, {r: b[j][:len(responses[j])] for r, b in blame.items() if r in missing(x)})
-            if any(methods.RULES[r].scoring == "forward" for r in rules):
-                forward += len(same)
+                j, new = x["rollout"], missing(x)
+                gained += is_forward(new)
+                judge(x, {r: b[j][:len(responses[j])] for r, b in blame.items() if r in new})
+            forward += gained
             with open(path + ".tmp", "w") as f:
                 f.writelines(json.dumps(x) + "\n" for x in lines)
             os.replace(path + ".tmp", path)
@@ -492,11 +500,12 @@ def main(argv=None):
     done = {x["problem"] for x in done_lines if x.get("done")}
     done = {i for b in blocks if all(i in done for i in b) for i in b}  # a block half written runs again whole
     beyond = [x for x in done_lines if x["problem"] >= len(problems)]  # a larger --limit's: kept, not reported
-    with open(path, "w") as f:  # rewritten without a cut last line or an unfinished block's lines
-        f.writelines(json.dumps(x) + "\n" for x in done_lines if x["problem"] in done or x in beyond)
+    if args.rescore:  # every line kept: those of blocks not whole under this --limit are left as they are
+        rescore(world, path, done_lines, [b for b in blocks if b[0] in done])
+    else:
+        with open(path, "w") as f:  # rewritten without a cut last line or an unfinished block's lines
+            f.writelines(json.dumps(x) + "\n" for x in done_lines if x["problem"] in done or x in beyond)
     todo = [] if args.rescore else [b for b in blocks if b[0] not in done]
-    if args.rescore:
-        rescore(world, path, read_lines(path), [b for b in blocks if b[0] in done])
     G, n, L = args.group_size, args.n, args.max_new_tokens
     if todo:
         print(f"{len(problems)} problems ({len(done)} done before), G = {G}, n = {n}: at most about "
@@ -508,7 +517,7 @@ def main(argv=None):
         def write(line):
             f.write(json.dumps(line) + "\n")
             f.flush()
-        bar = tqdm(total=sum(len(b) for b in todo), desc="problems")
+        bar = tqdm(total=sum(len(b) for b in todo), desc="problems", disable=not todo)
         located = sum(1 for x in read_lines(path) if "rollout" in x)
         world.say = lambda what: bar.set_postfix_str(f"located={located}" + (f", {what}" if what else ""))
         for block in todo:

@@ -33,6 +33,7 @@ length, where only a smaller chunk fits: `--dry-run` names it).
 Timings depend on the machine and on what else runs on it: docs/LOG.md has what these commands measured, dated.
 """
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -45,7 +46,7 @@ from tools.benchparts.sampler import sampler_rows
 from tools.benchparts.steps import default_methods, step_rows, training_mfu
 from tools.benchparts.table import Table, progress
 from tools.benchparts.trl_step import trl_rows
-from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, load_workload, overridden
+from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, gives_length, load_workload, overridden
 
 CPU_PARTS = ["machine", "sampler", "steps", "trl", "llama"]
 
@@ -54,6 +55,8 @@ def run_cpu(args, chosen: list, parts: list, table_out=None) -> Table:
     """The benchmark of --model on args.device (the machine's limits, the sampler, the steps, TRL, llama.cpp)."""
     import torch
     setting = overridden(SETTINGS.get(args.model, OTHER), args)  # SETTINGS is keyed by infra/models.py's aliases
+    if gives_length(args.train_args):
+        setting = dataclasses.replace(setting, short=())
     flags = ("--model", args.model, *BENCH_FLAGS, *setting.flags, *args.train_args,
              *(("--device", args.device) if args.device else ()))
     w = load_workload(args.model, flags[2:])

@@ -101,13 +101,18 @@ def training_flops(cfg, responses: float, prompts: float) -> float:
     return 6 * (n["layers"] * (responses + prompts) + n["output layer"] * responses)
 
 
+def gives_length(train_args) -> bool:
+    """Whether train.py's flags after -- set --max-new-tokens (argparse takes a prefix, --max-new, too): then that is
+    every method's length on the CPU, OAR-P's too (its cost at that length), not the setting's short one."""
+    names = [f.split("=")[0] for f in train_args]
+    return any(len(f) >= len("--max-n") and "--max-new-tokens".startswith(f) for f in names)  # --max- is ambiguous
+
+
 def overridden(setting: Setting, args) -> Setting:
-    """The setting with the counts given on the command line (--steps, --warmup, --rounds, --repeat), and no short
-    length for OAR-P where a length follows --; one line and exit where they leave no step to time."""
+    """The setting with the counts given on the command line (--steps, --warmup, --rounds, --repeat); one line and
+    exit where they leave no step to time."""
     import dataclasses
     given = {k: getattr(args, k) for k in ("steps", "warmup", "rounds", "repeat") if getattr(args, k) is not None}
-    if any(f.split("=")[0] == "--max-new-tokens" for f in getattr(args, "train_args", ())):
-        given["short"] = ()  # a length given after -- is every method's, OAR-P's too: its cost at that length
     s = dataclasses.replace(setting, **given)
     if s.steps <= s.warmup or min(s.rounds, s.repeat) < 1 or s.warmup < 0:
         sys.exit(f"bench.py: --steps {s.steps} --warmup {s.warmup} --rounds {s.rounds} --repeat {s.repeat}: a run's "
