@@ -6,12 +6,14 @@ seconds at Qwen2.5-Math-1.5B's configuration (issue 28). One table, each row pri
     python -m tools.bench --model qwen2.5-coder-0.5b --threads 2 --trl
     python -m tools.bench --parts steps --methods grpo,ktae --steps 6    # a quick look at two methods' steps
     python -m tools.bench --model smollm2-135m -- --bf16      # more train.py flags, for every part (bf16 autocast)
-    python -m tools.bench --model qwen2.5-coder-0.5b --parts steps --methods grpo,oar-p -- --max-new-tokens 128
+    python -m tools.bench --model qwen2.5-coder-0.5b --parts oar-p,steps --methods grpo,oar-p -- --max-new-tokens 128
                                                               # a length after --: OAR-P's too (else a short one)
 
 Parts (--parts, in this order): machine (matrix products at the model's shapes, float32 and bf16; memory
 bandwidth), sampler (sample.generate against model.generate on the same prompts, lengths and batch, greedy and
-sampled, taking turns; medians; and the share of the machine's limits that decoding reaches), steps (train.py in its
+sampled, taking turns; medians; and the share of the machine's limits that decoding reaches), oar-p (OAR-P's
+scoring of two rollouts, each perturbed copy from its token on against each over every column after its prompt,
+taking turns), steps (train.py in its
 own process for grpo and each token rule of methods.RULES, the methods taking turns: seconds a step, split into
 sampling, advantage and training; training MFU), trl (--trl: TRL's GRPOTrainer at the same setting), llama
 (llama.cpp on the model's GGUF file, for reference only; skipped when llama_cpp is not installed). What each model
@@ -42,13 +44,14 @@ from infra import models
 from tools.benchparts.gpu import GPU_METHODS, GPU_PARTS, run_gpu
 from tools.benchparts.llamacpp import llama_rows
 from tools.benchparts.machine import machine_rows
+from tools.benchparts.oarp import oar_p_rows
 from tools.benchparts.sampler import sampler_rows
 from tools.benchparts.steps import default_methods, step_rows, training_mfu
 from tools.benchparts.table import Table, progress
 from tools.benchparts.trl_step import trl_rows
 from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, gives_length, load_workload, overridden
 
-CPU_PARTS = ["machine", "sampler", "steps", "trl", "llama"]
+CPU_PARTS = ["machine", "sampler", "oar-p", "steps", "trl", "llama"]
 
 
 def run_cpu(args, chosen: list, parts: list, table_out=None) -> Table:
@@ -73,6 +76,8 @@ def run_cpu(args, chosen: list, parts: list, table_out=None) -> Table:
                               gib=2.0 if a.device.startswith("cuda") else 0.5)
     if "sampler" in parts:
         ours = sampler_rows(table, w, setting.repeat, limits)
+    if "oar-p" in parts:
+        oar_p_rows(table, w, setting.repeat)
     w.model = None  # the train.py runs load their own (a 0.5B model and its AdamW state take 10 GB); TRL reloads it
     if "steps" in parts:
         rows = step_rows(table, flags, chosen, setting, args.threads)

@@ -64,6 +64,7 @@ class Workload:
     config: object  # the model's config (the model itself may be freed)
     prompts: list  # token-id lists of the first step's B prompts
     texts: list  # their text
+    golds: list  # their gold answers
 
     @property
     def prompt_tokens(self) -> float:
@@ -82,7 +83,7 @@ def load_workload(model_name: str, flags) -> Workload:
                                      eval_limit=args.eval_limit, pool_size=args.problem_pool, seed=args.seed)
     qs = problems.draw(random.Random(args.seed), args.prompts_per_step)  # as train.py's first step draws them
     return Workload(args, model, tok, problems, model.config, [tok(q["prompt"])["input_ids"] for q in qs],
-                    [q["prompt"] for q in qs])
+                    [q["prompt"] for q in qs], [q["answer"] for q in qs])
 
 
 def matmul_parameters(cfg) -> dict:
