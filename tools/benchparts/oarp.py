@@ -38,7 +38,8 @@ def oar_p_inputs(w: Workload, rollouts: int):
 
 
 def oar_p_rows(table: Table, w: Workload, repeat: int, rollouts: int = 2):
-    """The two ways of OAR-P's scoring, in turns (one untimed run each first): median seconds and their ratio."""
+    """The two ways of OAR-P's scoring, taking turns `repeat` times (every other round in reverse order; no warm-up
+    round: at a real length one run is minutes, and its first-call costs are not): median seconds, their ratio."""
     import torch
     import oar
     import sample
@@ -56,14 +57,13 @@ def oar_p_rows(table: Table, w: Workload, repeat: int, rollouts: int = 2):
                                            s["oar_chunk"], fast, share_rows=share_rows)
     w.model.eval()
     seconds, scores = {False: [], True: []}, {}
-    for r in range(1 + repeat):
-        for share in (False, True):
+    for r in range(repeat):
+        for share in ((False, True) if r % 2 == 0 else (True, False)):
             sync(a.device)
             t0 = time.perf_counter()
             scores[share] = score(share)
             sync(a.device)
-            if r:
-                seconds[share].append(time.perf_counter() - t0)
+            seconds[share].append(time.perf_counter() - t0)
     plain, rows = median(seconds[False]), median(seconds[True])
     diff = (scores[True] - scores[False]).abs().max().item() / max(scores[False].abs().max().item(), 1e-30)
     table.row("oar-p", f"{rollouts} rollouts, {int(reason.sum())} copies from their token on, against from their "
