@@ -105,7 +105,7 @@ def model_forward(model, attn):
     once (tests/test_oar.py)."""
     positions = sample.position_ids(attn)  # [N, L]
 
-    def forward(rows, keep: int, ids=None, embeds=None, start: int = 0):  # start: the fast path's; all run here
+    def forward(rows, keep: int, ids=None, embeds=None):
         return model(input_ids=ids, inputs_embeds=embeds, attention_mask=attn[rows], position_ids=positions[rows],
                      logits_to_keep=keep).logits  # [n, keep, V]
     return forward
