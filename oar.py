@@ -212,7 +212,7 @@ def token_advantages(adv_seq: torch.Tensor, weights: torch.Tensor, mask: torch.T
 
 def token_weights(model, prompts: list, responses: list, pieces: list, answers: list, cue: list, adv_seq,
                   T: int, pad_id: int, *, scorer: str, probe: str, q: float, beta: float, sigma: float,
-                  chunk: int):
+                  chunk: int, share_rows: bool = True):
     """O1-O5 for a batch: weights [N, T] on the response tokens (1 outside the reasoning span and for rollouts
     with A_i = 0, which are not scored: their advantage stays 0 whatever the weights).
 
@@ -226,7 +226,7 @@ def token_weights(model, prompts: list, responses: list, pieces: list, answers: 
     def score(ids, attn, reason, probe_mask, P, forward):  # O2 or O3, then O4-O5: weights [n, L]
         if scorer == "perturb":
             scores = perturbation_scores(model, ids, attn, reason, probe_mask, pad_id, probe, chunk, forward,
-                                         share_rows=True)
+                                         share_rows=share_rows)
         else:
             scores = gradient_scores(model, ids, attn, reason, probe_mask, probe, sigma, forward)
         return reshape(normalise(scores, reason), reason, q, beta)  # [n, L]
@@ -293,12 +293,14 @@ def rollouts(batch: dict, tokenizer, pieces: dict) -> tuple:
 
 
 def batch_weights(model, batch: dict, answers: list, cue: list, adv_seq, tokenizer, pieces: dict, *, scorer: str,
-                  probe: str, q: float, beta: float, sigma: float, chunk: int):
+                  probe: str, q: float, beta: float, sigma: float, chunk: int, share_rows: bool = True):
     """O1-O5 (token_weights) for a batch of sample.generate(): weights [N, T]. answers: the gold answer's ids and
-    "}" per rollout; cue: the conclude cue's ids; adv_seq [N]."""
+    "}" per rollout; cue: the conclude cue's ids; adv_seq [N]. share_rows: OAR-P's speed path (False: the plain
+    one, for tools/bench's A/B)."""
     prompts, responses, texts = rollouts(batch, tokenizer, pieces)
     return token_weights(model, prompts, responses, texts, answers, cue, adv_seq, batch["response_mask"].shape[1],
-                         tokenizer.pad_token_id, scorer=scorer, probe=probe, q=q, beta=beta, sigma=sigma, chunk=chunk)
+                         tokenizer.pad_token_id, scorer=scorer, probe=probe, q=q, beta=beta, sigma=sigma, chunk=chunk,
+                         share_rows=share_rows)
 
 
 def advantage_concentration(adv: torch.Tensor, mask: torch.Tensor, adv_seq: torch.Tensor) -> dict:

@@ -30,8 +30,10 @@ def test_the_default_path_prints_every_part(base, capsys):
     sampler = rows(table, "sampler")
     assert [r[1].split(":")[0] for r in sampler] == ["greedy", "sampled at 1", "decoding", "decoding"]
     assert all(r[4].endswith("x") for r in sampler[:2]) and all(r[4].endswith("%") for r in sampler[2:])
-    (oar,) = rows(table, "oar-p")  # OAR-P's two ways: their seconds, and the same scores
-    assert oar[4].endswith("x") and float(oar[1].split("apart ")[1].rstrip(")")) < 1e-4
+    # OAR-P's two ways: their seconds, and the same weights. O4's min-max enlarges the scores' float differences
+    # (1.7e-6 here) to about 1e-3 in the weights; a copy started one column late moves them by 1.0 (tried)
+    (oar,) = rows(table, "oar-p")
+    assert oar[4].endswith("x") and float(oar[1].split("apart ")[1].rstrip(")")) < 0.05
     step = rows(table, "step")
     names = [r[1].split(":")[0] for r in step]
     assert names[:len(steps.default_methods())] == steps.default_methods()  # each rule, from the table
