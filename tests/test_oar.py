@@ -180,6 +180,26 @@ def test_zero_advantage_rollouts_are_not_scored():
     assert torch.equal(w, torch.ones(1, 3))
 
 
+def test_share_rows_where_a_reasoning_reaches_the_probe_columns(base):
+    # Row 0's answer is 14 tokens ("1234567890123}"), row 1's 2 ("7}"): the probe columns are the last 15 (from row
+    # 0's first probe position to the end), and row 1's cue + answer fill 9 of them, so its reasoning ends inside. A copy perturbed there must start
+    # at the cached columns' end (min(column, head) in O2), not at its own column, past what the cache holds.
+    model, tok = base
+    model.eval()
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]
+    prompts = [enc(tiny.prompt(q)) for q in ("7+8-9", "3+4")]
+    responses = [enc(r) for r in ("7+8=15\n15-9=6\n", "3+4=7\n")]
+    answers = [enc("1234567890123}"), enc("7}")]
+    ids, attn, reason, probe, P = oar.build_inputs(prompts, responses, [len(r) for r in responses],
+                                                   enc("\\boxed{"), answers, tok.pad_token_id)
+    head = ids.shape[1] - oar._probe_columns(probe)
+    assert reason[1, head:].sum() > 0  # the case under test: row 1's reasoning lies in the probe columns
+    plain = oar.perturbation_scores(model, ids, attn, reason, probe, tok.pad_token_id, "last", chunk=4)
+    rows = oar.perturbation_scores(model, ids, attn, reason, probe, tok.pad_token_id, "last", chunk=4,
+                                   share_rows=True)
+    assert plain[1, head:].max() > 0 and torch.allclose(rows, plain, rtol=1e-2, atol=1e-5 * plain.max().item())
+
+
 def test_shared_prompts_give_the_plain_scores(base):
     # Rows 0, 2 and 3 share one prompt, row 1 has another (shorter: it is padded on the left). With groups each
     # prompt runs once and the forwards cover the columns after it; the scores must be those of the plain forward
