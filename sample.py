@@ -127,6 +127,17 @@ class OwnDecoder:
         return out.logits[:, -1].float()  # [A, V]
 
 
+def next_token(logits: torch.Tensor, temperature: float):
+    """The next token of each row, drawn from softmax(logits / temperature) (the most likely at temperature 0), its
+    log-prob under that distribution and the distribution's entropy: logits [A, V] -> three [A]. At temperature 0
+    the log-prob and entropy are those of softmax(logits). (fastpath.NextToken: the same, faster, for a large V.)"""
+    logits = logits.float()  # [A, V]
+    logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)  # [A, V]
+    p = logp.exp()  # [A, V]
+    nxt = fastpath.draw(p) if temperature > 0 else logp.argmax(-1)  # [A]
+    return nxt, logp.gather(1, nxt[:, None]).squeeze(1), torch.special.entr(p).sum(-1)  # -sum p log p (entr(0) = 0)
+
+
 def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperature: float, eos_id: int,
              pad_id: int, fast: bool = None, on_token=None) -> dict:
     """Sample n completions for each prompt (token-id lists). temperature 0 means greedy.
@@ -161,13 +172,11 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
         pos = mask.sum(-1, keepdim=True).repeat_interleave(n, 0)  # [N, 1] position of the first response token
         active = torch.arange(N, device=device)  # [A] rows in the decode batch
         finished = torch.zeros(N, dtype=torch.bool, device=device)  # [A] rows of the batch that have emitted EOS
+        # the same numbers, with its [A, V] buffers kept from step to step where the vocabulary is large
+        pick = fastpath.NextToken() if logits.shape[-1] > fastpath.INVERSE_CDF_VOCAB else next_token
         for t in range(max_new_tokens):
-            logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)  # [A, V]
-            p = logp.exp()  # [A, V]
-            nxt = fastpath.draw(p) if temperature > 0 else logp.argmax(-1)  # [A]
+            nxt, logprobs[active, t], entropy[active, t] = pick(logits, temperature)  # [A] each
             tokens[active, t] = nxt
-            logprobs[active, t] = logp.gather(1, nxt[:, None]).squeeze(1)
-            entropy[active, t] = torch.special.entr(p).sum(-1)  # -sum p log p (entr(0) = 0)
             done = (nxt == eos_id) & ~finished  # [A] rows that end here
             lengths[active[done]] = t + 1
             finished |= done

@@ -5,6 +5,7 @@ the sampler and the scorer do; this is how two of their forwards are made fast, 
     decode_step          one token for each row with the KV cache in preallocated buffers (sample.generate,
                          through Decoder); equals model(...) with HF's cache, token for token and log-prob for log-prob
     decode_attention     its attention for one query row, as two matmuls
+    NextToken            sample.next_token over a large vocabulary, its [A, V] buffers kept between steps
     draw                 the next token of each row: by the inverse CDF over a large vocabulary
     prompt_prefill       each distinct prompt of a batch run once (a GRPO group shares one); with cache_for its
                          keys and values are copied to the group's rows (sample.token_logprobs, OAR's scores):
@@ -36,22 +37,56 @@ DECODABLE = ("Qwen2ForCausalLM", "LlamaForCausalLM")  # the layouts decode_step(
 INVERSE_CDF_VOCAB = 4096
 
 
+class NextToken:
+    """sample.next_token with the same numbers (tests/test_fastpath.py), for a large vocabulary. At 151,936 ids a
+    [64, V] float32 tensor is 39 MB, above the size the C allocator keeps for reuse: each fresh one is asked of the
+    system and touched page by page, which took longer than the arithmetic (the division by the temperature 14 ms,
+    the log-softmax 21, exp 19, the entropy 26 of a 0.37 s step of the 0.5B on 2 cores, docs/LOG.md). Here two
+    [A, V] buffers serve every step of a decode, and the log-softmax is written as its parts, in place:
+    z = logits / T - max, p = exp(z) / s with s = sum exp(z), log p = z - log s, and the entropy
+    -sum p log p = log s - sum p z (sum p = 1), which needs no logarithm over the vocabulary."""
+
+    def __init__(self):
+        self.z = self.p = None  # [rows, V] float32, the first decode step's rows (the batch only shrinks)
+
+    def __call__(self, logits: torch.Tensor, temperature: float):
+        A = len(logits)
+        if self.z is None or len(self.z) < A or self.z.shape[1] != logits.shape[1]:
+            self.z, self.p = (torch.empty(logits.shape, dtype=torch.float32, device=logits.device) for _ in "zp")
+        z, p = self.z[:A], self.p[:A]  # [A, V] each
+        z.copy_(logits)  # float32, whatever the output layer's dtype
+        if temperature > 0:
+            z.div_(temperature)
+        z.sub_(z.amax(-1, keepdim=True))  # [A, V] every exp(z) <= 1
+        s = torch.exp(z, out=p).sum(-1, keepdim=True)  # [A, 1]
+        p.div_(s)  # [A, V] softmax(logits / T)
+        log_s = s.log().squeeze(1)  # [A]
+        nxt = draw(p) if temperature > 0 else z.argmax(-1)  # [A]
+        logp = z.gather(1, nxt[:, None]).squeeze(1) - log_s  # [A]
+        return nxt, logp, log_s - z.mul_(p).sum(-1)  # z is spent here: the entropy [A]
+
+
 def draw(p: torch.Tensor, block: int = 256) -> torch.Tensor:
     """One token of each row of p [A, V] (probabilities, rows summing to 1): [A]. torch.multinomial(p, 1) for a small
     vocabulary; for a large one the inverse CDF, one uniform number a row, in two levels: the block of `block` ids
     it falls in (the blocks' running mass), then the id inside that block. Sums run in float64 (a float32 running
     sum over 151,936 ids could move the boundaries by 1e-5 of the mass); the same distribution as multinomial
-    (tests/test_fastpath.py checks the id each number lands on, and the frequencies)."""
+    (tests/test_fastpath.py checks the id each number lands on, and the frequencies). No copy of p is made: the
+    last block may be short (V need not be a multiple of `block`)."""
     A, V = p.shape
     if V <= INVERSE_CDF_VOCAB:
         return torch.multinomial(p, 1).squeeze(1)
-    nb = -(-V // block)
-    blocks = torch.nn.functional.pad(p, (0, nb * block - V)).view(A, nb, block)  # [A, nb, block]
-    mass = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [A, nb] the mass up to each block's end
+    whole = V // block * block  # the ids in whole blocks
+    mass = p[:, :whole].reshape(A, -1, block).sum(-1, dtype=torch.float64)  # [A, nb] each block's mass
+    if whole < V:
+        mass = torch.cat([mass, p[:, whole:].sum(-1, keepdim=True, dtype=torch.float64)], 1)  # the short one
+    mass = mass.cumsum(-1)  # [A, nb] the mass up to each block's end
+    nb = mass.shape[1]
     u = torch.rand((A, 1), device=p.device, dtype=torch.float64) * mass[:, -1:]  # [A, 1]
     k = torch.searchsorted(mass, u, right=True).clamp(max=nb - 1)  # [A, 1] the block u falls in
     before = torch.where(k > 0, mass.gather(1, (k - 1).clamp(min=0)), torch.zeros_like(u))  # [A, 1]
-    inner = blocks.gather(1, k[:, :, None].expand(A, 1, block)).squeeze(1).double().cumsum(-1)  # [A, block]
+    cols = k * block + torch.arange(block, device=p.device)  # [A, block] the ids of that block
+    inner = torch.where(cols < V, p.gather(1, cols.clamp(max=V - 1)), 0).double().cumsum(-1)  # [A, block]
     ids = (k * block + torch.searchsorted(inner, u - before, right=True).clamp(max=block - 1)).squeeze(1)  # [A]
     ids = ids.clamp(max=V - 1)
     zero = p.gather(1, ids[:, None]).squeeze(1) == 0  # rounding at a boundary (a chance of 1e-16): draw again
@@ -124,7 +159,7 @@ def decode_step(model, tokens, pos, keys, values, col: int, bias):
         x = x + attn.o_proj(decode_attention(q, k_cache[:, :, :col + 1], v_cache[:, :, :col + 1], bias,
                                              attn.scaling))  # [A, 1, H]
         x = x + layer.mlp(layer.post_attention_layernorm(x))  # [A, 1, H]
-    return model.get_output_embeddings()(decoder.norm(x))[:, -1].float()  # [A, V]
+    return model.get_output_embeddings()(decoder.norm(x))[:, -1]  # [A, V] bf16 under autocast: the caller casts
 
 
 def decode_attention(q, k, v, bias, scaling: float):

@@ -132,6 +132,32 @@ def test_decode_step_gives_the_plain_decodes_tokens_and_logprobs(base, which):
             assert_close(fast_out[k], plain_out[k], rel=1e-5, what=f"{k} at temperature {temperature}")
 
 
+def test_next_token_over_a_large_vocabulary_gives_the_plain_numbers():
+    # fastpath.NextToken (buffers kept between steps, the log-softmax in parts, the entropy as log s - sum p z)
+    # against sample.next_token (log_softmax, exp, entr), step after step as the decode batch shrinks: the same ids
+    # from one seed, the same log-probs and entropies to 1e-5 of their scale; bf16 logits as the output layer gives
+    # them under autocast; greedy too. Rows: peaked, flat, and in between (logits of scale 0.1 to 300).
+    V = 151_936  # Qwen2.5's vocabulary, not a multiple of draw()'s block
+    torch.manual_seed(0)
+    scale = torch.logspace(2.5, -1, 24)[:, None]  # [24, 1]
+    seen = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for temperature in (0.7, 1.0, 0.0):
+            fast = fastpath.NextToken()
+            for A in (24, 24, 17, 5):  # rows leave the batch; the buffers stay
+                logits = (scale[:A] * torch.randn(A, V)).to(dtype)  # [A, V]
+                torch.manual_seed(A)
+                want = sample.next_token(logits, temperature)
+                seen.append(want[2])
+                torch.manual_seed(A)
+                got = fast(logits, temperature)
+                assert torch.equal(got[0], want[0]), (dtype, temperature, A)
+                for k, what in ((1, "log-prob"), (2, "entropy")):
+                    assert_close(got[k], want[k], rel=1e-5, what=f"next token's {what}, T {temperature}")
+            assert len(fast.z) == 24
+    assert torch.cat(seen).min() < 1e-3 and torch.cat(seen).max() > 10  # peaked rows and flat ones
+
+
 def test_draw_lands_on_the_inverse_cdf_id_and_keeps_the_frequencies(monkeypatch):
     # above INVERSE_CDF_VOCAB ids, draw() takes the id where u x total falls in the running sum of the row (two levels:
     # the block, then the id inside it): against the plain search over the whole running sum in float64
