@@ -28,7 +28,7 @@ import data
 import reward
 import sample
 from config import shared
-from infra import checkpoint, models
+from infra import checkpoint, cpu, models
 
 # the papers' seven benchmarks, in the order they report them
 BENCHMARKS = ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench", "gsm8k"]
@@ -265,8 +265,7 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="of the k samples")
     args = p.parse_args(argv)
     names = check_args(p, args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cpu.setup(args.threads)
     # the benchmarks are read, and checked against the tokenizer, before the model's minutes of loading
     tokenizer = models.load_tokenizer(args.model)
     loaded = {name: encodable(name, load_benchmark(name, args), tokenizer) for name in names}

@@ -32,7 +32,7 @@ import oar
 import reward
 import sample
 from config import training
-from infra import checkpoint, guard, logbook, memory, models, track
+from infra import checkpoint, cpu, guard, logbook, memory, models, track
 
 
 def main(argv=None):
@@ -158,8 +158,7 @@ def start(args, ckpt) -> Run:
     """The policy, its optimizer, a frozen reference (only if beta > 0), the problems, and the run directory claimed;
     from the checkpoint ckpt when resuming. Ends with the step-0 evaluation of a fresh run."""
     rss_at_start = memory.rss_bytes()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cpu.setup(args.threads)  # threads, and the C allocator keeping freed memory (speed only)
     world = data.dataset(args.dataset).world  # --model tiny: this task's warm-started model
     # the data are read with the tokenizer alone: a bad file fails before the model's minutes of loading
     tokenizer = models.load_tokenizer(args.model)

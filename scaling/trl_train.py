@@ -34,7 +34,7 @@ from trl import GRPOConfig, ModelConfig, get_peft_config  # noqa: E402
 import data  # noqa: E402
 import evaluate  # noqa: E402
 from config import shared  # noqa: E402
-from infra import checkpoint, lora, models  # noqa: E402
+from infra import checkpoint, cpu, lora, models  # noqa: E402
 from scaling import trl_grpo  # noqa: E402
 
 
@@ -178,8 +178,7 @@ class HeldOut(TrainerCallback):
 
 def main(argv=None):
     script, cfg, args, model_cfg = parse(argv)
-    if script.threads:
-        torch.set_num_threads(script.threads)
+    cpu.setup(script.threads)
     if args.dynamic_sampling:
         print(f"--method {script.method}: D2 dynamic sampling is not in TRL 1.16 and not built here; every group is "
               f"trained on (train.py's --no-dynamic-sampling). D1, D3 and D4 are TRL's options (epsilon_high "

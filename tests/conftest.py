@@ -9,7 +9,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # TEST_THREADS=1 or 2 (default 2): float sums may group differently with the thread count, so the suite runs with both
 THREADS = int(os.environ.get("TEST_THREADS", "2"))
-torch.set_num_threads(THREADS)
+from infra import cpu  # noqa: E402
+cpu.setup(THREADS)  # the threads, and freed memory kept for the next large tensor, as every entry point sets
 
 import pytest
 

@@ -40,7 +40,7 @@ import methods
 import reward
 import sample
 from config import shared, training
-from infra import models, plots
+from infra import cpu, models, plots
 from toyworld import credit
 
 HOWS = ("max", "mean")  # F4's aggregations
@@ -483,8 +483,7 @@ def main(argv=None):
     if args.max_new_tokens is None:
         args.max_new_tokens = ds.max_new_tokens if ds.world else 512
     args = check(p, args)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cpu.setup(args.threads)
     out = args.out or os.path.join("runs", f"attribution-{os.path.basename(args.model.rstrip('/'))}-"
                                            f"{os.path.splitext(os.path.basename(args.responses or args.dataset))[0]}")
     os.makedirs(out, exist_ok=True)

@@ -40,7 +40,7 @@ import sys
 import time
 
 import methods  # (torch and the heavier modules are imported where they are used: --help answers at once)
-from infra import models
+from infra import cpu, models
 from tools.benchparts.gpu import GPU_METHODS, GPU_PARTS, run_gpu
 from tools.benchparts.llamacpp import llama_rows
 from tools.benchparts.machine import machine_rows
@@ -136,8 +136,7 @@ def main(argv=None):
     if shared.threads_problem(args.threads):  # train.py would refuse it only in the steps part, after the others ran
         p.error(f"--threads {args.threads}: {shared.threads_problem(args.threads)}")
     import torch
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cpu.setup(args.threads)
     torch.manual_seed(0)
     t0 = time.time()
     table = (run_gpu if args.gpu else run_cpu)(args, chosen, parts)

@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 import data
-from infra import models
+from infra import cpu, models
 
 
 def generate(model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int) -> list:
@@ -74,8 +74,7 @@ def main(argv=None):
     settings = saved["settings"]
     if settings.get("k", 1) != 1:
         p.error(f"{args.result}: evaluated with --k {settings['k']}; this checks the greedy answers only")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cpu.setup(args.threads)
     model, tokenizer, _ = models.load_model(settings["model"])
     model.to(dtype=torch.bfloat16 if settings.get("bf16") else None).eval()
     report = {}

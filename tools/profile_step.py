@@ -16,6 +16,7 @@ import torch
 
 import grpo
 import sample
+from infra import cpu
 from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, load_workload, training_flops
 
 
@@ -53,8 +54,7 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=20, help="operators listed")
     p.add_argument("train_args", nargs="*", help="more train.py flags, after --")
     args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cpu.setup(args.threads)
     setting = SETTINGS.get(args.model, OTHER)
     w = load_workload(args.model, (*BENCH_FLAGS, *setting.flags, *args.train_args))
     a = w.args
