@@ -28,8 +28,10 @@ def test_the_default_path_prints_every_part(base, capsys):
     machine = rows(table, "machine")
     assert len(machine) == 6 and all(r[2].endswith("FLOP/s") or r[2].endswith("B/s") for r in machine)
     sampler = rows(table, "sampler")
-    assert [r[1].split(":")[0] for r in sampler] == ["greedy", "sampled at 1", "decoding", "decoding"]
-    assert all(r[4].endswith("x") for r in sampler[:2]) and all(r[4].endswith("%") for r in sampler[2:])
+    assert [r[1].split(":")[0] for r in sampler] == ["greedy", "sampled at 1", "sampled at 1, one sequence at a time",
+                                                     "decoding", "decoding"]
+    assert all(r[4].endswith("x") for r in sampler[:2]) and float(sampler[2][2].replace(",", "")) > 0
+    assert all(r[4].endswith("%") for r in sampler[3:])
     # OAR-P's two ways: their seconds, and the same weights. O4's min-max enlarges the scores' float differences
     # (1.7e-6 here) to about 1e-3 in the weights; a copy started one column late moves them by 1.0 (tried)
     (oar,) = rows(table, "oar-p")
@@ -206,9 +208,10 @@ def test_llama_cpp_rows_with_a_stand_in_module(monkeypatch, tmp_path):
     args = types.SimpleNamespace(model="m", seed=0, max_new_tokens=5, temperature=0.5, group_size=2)
     w = types.SimpleNamespace(args=args, prompts=[[1, 2], [3]], texts=["a", "b"])
     table = tables.Table("t")
-    llamacpp.llama_rows(table, w, 1, {"tps": 100.0})
+    llamacpp.llama_rows(table, w, 1, {"tps": 100.0, "one_tps": 30.0})
     one, both = table.rows
     assert "one sequence at a time, q4_k_m GGUF" in one[1] and "2 prompts x 2 together" in both[1]
+    assert one[3] == "ours 30" and one[4].startswith("ours/llama")
     assert float(both[2].replace(",", "")) > 0 and both[4].startswith("ours/llama")
 
 

@@ -73,7 +73,8 @@ def decode(llm, prompts: list, n: int, max_new_tokens: int, temperature: float, 
 
 def llama_rows(table: Table, w: Workload, threads, ours: dict):
     """llama.cpp's rows: one sequence at a time (each of the first step's prompts once), and the RL batch (B prompts
-    x G), at the workload's length limit and temperature; the batch against our sampler's sampled rate (ours)."""
+    x G), at the workload's length limit and temperature, against our sampler's rates (ours: sampler_rows' medians,
+    one_tps its rate one sequence at a time)."""
     if importlib.util.find_spec("llama_cpp") is None:
         table.row("llama.cpp", "skipped: llama_cpp is not installed (pip install -r requirements/bench.txt builds it "
                                "from source, about 15 minutes)")
@@ -100,8 +101,10 @@ def llama_timed(table: Table, w: Workload, llm, path: str, threads: int, ours: d
     for k, p in enumerate(w.prompts):
         seqs, took = decode(llm, [p], 1, a.max_new_tokens, a.temperature, a.seed + k, threads)
         tokens, seconds = tokens + sum(map(len, seqs)), seconds + took
+    one = ours.get("one_tps") if ours else None
     table.row("llama.cpp", f"sampled, one sequence at a time, {quant} GGUF: useful tokens/s",
-              f"{tokens / seconds:,.0f}")
+              f"{tokens / seconds:,.0f}", f"ours {one:,.0f}" if one else "",
+              f"ours/llama {one / (tokens / seconds):.2f}" if one else "")
     seqs, seconds = decode(llm, w.prompts, a.group_size, a.max_new_tokens, a.temperature, a.seed, threads)
     tps = sum(map(len, seqs)) / seconds
     table.row("llama.cpp", f"sampled, {len(w.prompts)} prompts x {a.group_size} together, {quant} GGUF: useful "

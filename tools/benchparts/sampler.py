@@ -47,6 +47,22 @@ def our_sampler(w: Workload, n: int, T: int, temperature: float):
     return run
 
 
+def one_at_a_time(w: Workload, T: int, temperature: float):
+    """sample.generate on each of the workload's prompts alone (n = 1), what llama.cpp's one-sequence row decodes:
+    a function returning (useful tokens, decode steps)."""
+    import sample
+
+    def run():
+        tokens = steps = 0
+        for p in w.prompts:
+            with sample.autocast(w.args.device, w.args.bf16):
+                b = sample.generate(w.model, [p], n=1, max_new_tokens=T, temperature=temperature,
+                                    eos_id=w.tok.eos_token_id, pad_id=w.tok.pad_token_id)
+            tokens, steps = tokens + int(b["response_mask"].sum()), steps + b["response_mask"].shape[1]
+        return tokens, steps
+    return run
+
+
 def in_turns(contenders: dict, repeat: int, device: str, warmup: int = 1) -> dict:
     """Each contender (name -> a function returning (useful tokens, decode steps)) run in turns, `warmup` + `repeat`
     times, so that a machine slowing down or speeding up affects them alike. Returns name -> the medians of
@@ -66,8 +82,9 @@ def in_turns(contenders: dict, repeat: int, device: str, warmup: int = 1) -> dic
 
 
 def sampler_rows(table: Table, w: Workload, repeat: int, limits: dict) -> dict:
-    """Our sampler against model.generate, greedy and sampled, on train.py's first prompts x G rollouts; then the
-    share of the machine's limits that our sampled decoding reaches. Returns the sampled medians."""
+    """Our sampler against model.generate, greedy and sampled, on train.py's first prompts x G rollouts; ours on
+    each prompt alone (llama.cpp's batch 1); then the share of the machine's limits that our sampled decoding
+    reaches. Returns the sampled medians, and one_tps: the rate one sequence at a time."""
     a = w.args
     sampled = None
     for mode, temperature in (("greedy", 0.0), (f"sampled at {a.temperature:g}", a.temperature)):
@@ -78,8 +95,12 @@ def sampler_rows(table: Table, w: Workload, repeat: int, limits: dict) -> dict:
         table.row("sampler", f"{mode}: useful tokens/s, ours against model.generate", f"{ours['tps']:,.0f}",
                   f"generate {hf['tps']:,.0f}", f"{ours['tps'] / hf['tps']:.2f}x")
         sampled = ours
+    progress(f"sampler: the {len(w.prompts)} prompts one at a time")
+    one = in_turns({"ours": one_at_a_time(w, a.max_new_tokens, a.temperature)}, repeat, a.device)["ours"]
+    table.row("sampler", f"sampled at {a.temperature:g}, one sequence at a time: useful tokens/s, ours",
+              f"{one['tps']:,.0f}")
     decoding_shares(table, w, sampled, limits)
-    return sampled
+    return {**sampled, "one_tps": one["tps"]}
 
 
 def decoding_shares(table: Table, w: Workload, ours: dict, limits: dict):
