@@ -17,8 +17,10 @@ token_logprobs(model, ids, mask, P): log pi(o_t | q, o_<t) of every response tok
 
 How it is made fast lives apart, in infra/fastpath.py (a reader can skip it): for Qwen2 and Llama layouts
 (fastpath.decodes, the tiny model among them) each new token goes through fastpath.decode_step (the model's modules
-called in turn, writing one column of a preallocated cache) instead of OwnDecoder; in token_logprobs a group's
-prompt runs once (fastpath.prompt_prefill) where the model's cache is plain full attention (fastpath.shares_prompts).
+called in turn, writing one column of a preallocated cache) instead of OwnDecoder; over a large vocabulary
+next_token's numbers come from fastpath.NextToken (buffers reused, no fresh [A, V] tensor a step); in
+token_logprobs a group's prompt runs once (fastpath.prompt_prefill) where the model's cache is plain full attention
+(fastpath.shares_prompts).
 tests/test_fastpath.py proves each equal to the model's plain forward, tests/test_archs.py the plain path on other
 architectures equal to model.generate and to the model's forward.
 
@@ -172,7 +174,7 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
         pos = mask.sum(-1, keepdim=True).repeat_interleave(n, 0)  # [N, 1] position of the first response token
         active = torch.arange(N, device=device)  # [A] rows in the decode batch
         finished = torch.zeros(N, dtype=torch.bool, device=device)  # [A] rows of the batch that have emitted EOS
-        # the same numbers, with its [A, V] buffers kept from step to step where the vocabulary is large
+        # next_token; over a large vocabulary fastpath.NextToken, its numbers with two [A, V] buffers kept all along
         pick = fastpath.NextToken() if logits.shape[-1] > fastpath.INVERSE_CDF_VOCAB else next_token
         for t in range(max_new_tokens):
             nxt, logprobs[active, t], entropy[active, t] = pick(logits, temperature)  # [A] each
