@@ -126,7 +126,7 @@ class OwnDecoder:
         self.mask = torch.cat([self.mask, self.mask.new_ones((len(nxt), 1))], 1)  # [A, P + t + 1] this token too
         out = self.model(input_ids=nxt[:, None], attention_mask=self.mask, position_ids=pos,
                          past_key_values=self.cache, use_cache=True)
-        return out.logits[:, -1].float()  # [A, V]
+        return out.logits[:, -1]  # [A, V] (next_token casts)
 
 
 def next_token(logits: torch.Tensor, temperature: float):
@@ -136,7 +136,7 @@ def next_token(logits: torch.Tensor, temperature: float):
     logits = logits.float()  # [A, V]
     logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, dim=-1)  # [A, V]
     p = logp.exp()  # [A, V]
-    nxt = fastpath.draw(p) if temperature > 0 else logp.argmax(-1)  # [A]
+    nxt = fastpath.draw(p) if temperature > 0 else logits.argmax(-1)  # [A]
     return nxt, logp.gather(1, nxt[:, None]).squeeze(1), torch.special.entr(p).sum(-1)  # -sum p log p (entr(0) = 0)
 
 
@@ -146,8 +146,9 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
 
     The log-probs are those of the distribution the token was drawn from, softmax(logits / temperature)
     (softmax(logits) when greedy); token_logprobs() with the same temperature reproduces them.
-    fast: None decodes through fastpath.Decoder where fastpath.decodes(model), else OwnDecoder; False forces
-    OwnDecoder (the tests compare the two). on_token: called once per decode step (a progress bar's update).
+    fast: None decodes through fastpath.Decoder where fastpath.decodes(model), else OwnDecoder, and draws through
+    fastpath.NextToken over a large vocabulary; False forces OwnDecoder and next_token (the tests compare them).
+    on_token: called once per decode step (a progress bar's update).
     """
     was_training = model.training
     model.eval()
@@ -175,7 +176,8 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
         active = torch.arange(N, device=device)  # [A] rows in the decode batch
         finished = torch.zeros(N, dtype=torch.bool, device=device)  # [A] rows of the batch that have emitted EOS
         # next_token; over a large vocabulary fastpath.NextToken, its numbers with two [A, V] buffers kept all along
-        pick = fastpath.NextToken() if logits.shape[-1] > fastpath.INVERSE_CDF_VOCAB else next_token
+        large = logits.shape[-1] > fastpath.INVERSE_CDF_VOCAB and fast is not False
+        pick = fastpath.NextToken() if large else next_token
         for t in range(max_new_tokens):
             nxt, logprobs[active, t], entropy[active, t] = pick(logits, temperature)  # [A] each
             tokens[active, t] = nxt

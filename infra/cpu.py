@@ -5,17 +5,17 @@ Why the allocator: torch takes the memory of a CPU tensor from the C library's m
 tensor dies. glibc serves a block above its mmap threshold (at most 32 MB by default) straight from the system
 and returns it on free, so the next tensor of that size is zeroed and mapped again page by page. A [64, 151,936]
 float32 tensor of next-token scores is 39 MB; a 0.5B's embedding gradient 544 MB. On this project's 2-core machine
-a division of 39 MB took 24 ms so against 11 ms with the memory kept, an embedding's backward 325 ms against 77 ms
-(docs/LOG.md, 2026-11-26). Raising both thresholds keeps freed memory in the process for the next tensor: the
-process's resident size then stays at its peak, which the memory plan (infra/memory.py) counts anyway.
+a division over 39 MB took 24 ms, 11 ms with the memory kept; an embedding's backward 325 ms against 77 ms; a
+0.5B's training pass 7.5 s against 4.8 s (docs/LOG.md, 2026-11-26). Here freed memory stays in the process for
+the next tensor. Its resident size then stays near its peak, which the memory plan (infra/memory.py) counts
+anyway; memory.release_freed_memory still hands it back where a phase's peak is measured.
 """
 import ctypes
-import ctypes.util
 
 import torch
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-KEEP = 1 << 30  # bytes: blocks up to this size come from the process's heap, and freed memory stays in it
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's malloc.h
+KEEP = 1 << 30  # bytes: freed memory up to this much stays in the heap; blocks up to it are not mapped apart
 
 
 def setup(threads: int = None):
@@ -26,14 +26,14 @@ def setup(threads: int = None):
 
 
 def keep_freed_memory(size: int = KEEP) -> bool:
-    """Ask glibc to serve blocks up to `size` bytes from the heap and not to return freed memory below `size`
-    to the system. True where it took both; False elsewhere (macOS, musl: their allocators are left alone). A
-    glibc that refuses so high an mmap threshold gets its largest, 32 MB."""
+    """Ask glibc to serve blocks up to `size` bytes from its heap instead of mapping each apart, and not to hand
+    freed memory below `size` back to the system. glibc before 2.35 refuses an mmap threshold above 32 MB: it is
+    then told to map no block apart at all (M_MMAP_MAX 0). True where glibc took it; False elsewhere (macOS, musl:
+    their allocators are left alone). (In glibc's main arena, where torch's calls from Python allocate.)"""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+        mallopt = ctypes.CDLL(None).mallopt  # the C library the process runs on
+    except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    mmap = mallopt(M_MMAP_THRESHOLD, size) or mallopt(M_MMAP_THRESHOLD, 32 << 20)
-    return bool(mmap and mallopt(M_TRIM_THRESHOLD, size))
+    mapped_apart = mallopt(M_MMAP_THRESHOLD, size) or mallopt(M_MMAP_MAX, 0)
+    return bool(mapped_apart and mallopt(M_TRIM_THRESHOLD, size))

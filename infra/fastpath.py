@@ -39,19 +39,19 @@ INVERSE_CDF_VOCAB = 4096
 
 class NextToken:
     """sample.next_token with the same numbers (tests/test_fastpath.py), for a large vocabulary. At 151,936 ids a
-    [64, V] float32 tensor is 39 MB, above the size the C allocator keeps for reuse: each fresh one is asked of the
-    system and touched page by page, which took longer than the arithmetic (the division by the temperature 14 ms,
-    the log-softmax 21, exp 19, the entropy 26 of a 0.37 s step of the 0.5B on 2 cores, docs/LOG.md). Here two
-    [A, V] buffers serve every step of a decode, and the log-softmax is written as its parts, in place:
-    z = logits / T - max, p = exp(z) / s with s = sum exp(z), log p = z - log s, and the entropy
-    -sum p log p = log s - sum p z (sum p = 1), which needs no logarithm over the vocabulary."""
+    [64, V] float32 tensor is 39 MB, above glibc's default mmap threshold (32 MB): each fresh one is asked of the
+    system and touched page by page, which took longer than the arithmetic (docs/LOG.md, 2026-11-26;
+    infra/cpu.py raises the threshold where glibc allows). Here two [A, V] buffers serve every step of a decode,
+    and the log-softmax is written as its parts, in place: z = logits / T - max, p = exp(z) / s with
+    s = sum exp(z), log p = z - log s, and the entropy -sum p log p = log s - sum p z (sum p = 1), which needs no
+    logarithm over the vocabulary."""
 
     def __init__(self):
         self.z = self.p = None  # [rows, V] float32, the first decode step's rows (the batch only shrinks)
 
     def __call__(self, logits: torch.Tensor, temperature: float):
         A = len(logits)
-        if self.z is None or len(self.z) < A or self.z.shape[1] != logits.shape[1]:
+        if self.z is None or len(self.z) < A or self.z.shape[1] != logits.shape[1] or self.z.device != logits.device:
             self.z, self.p = (torch.empty(logits.shape, dtype=torch.float32, device=logits.device) for _ in "zp")
         z, p = self.z[:A], self.p[:A]  # [A, V] each
         z.copy_(logits)  # float32, whatever the output layer's dtype
@@ -61,9 +61,10 @@ class NextToken:
         s = torch.exp(z, out=p).sum(-1, keepdim=True)  # [A, 1]
         p.div_(s)  # [A, V] softmax(logits / T)
         log_s = s.log().squeeze(1)  # [A]
-        nxt = draw(p) if temperature > 0 else z.argmax(-1)  # [A]
+        nxt = draw(p) if temperature > 0 else logits.argmax(-1)  # [A]
         logp = z.gather(1, nxt[:, None]).squeeze(1) - log_s  # [A]
-        return nxt, logp, log_s - z.mul_(p).sum(-1)  # z is spent here: the entropy [A]
+        # z is spent here; nansum: an id of logit -inf has p = 0 and adds 0, as entr(0) = 0 (not -inf x 0 = nan)
+        return nxt, logp, log_s - z.mul_(p).nansum(-1)  # the entropy [A]
 
 
 def draw(p: torch.Tensor, block: int = 256) -> torch.Tensor:

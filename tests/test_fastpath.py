@@ -136,7 +136,8 @@ def test_next_token_over_a_large_vocabulary_gives_the_plain_numbers():
     # fastpath.NextToken (buffers kept between steps, the log-softmax in parts, the entropy as log s - sum p z)
     # against sample.next_token (log_softmax, exp, entr), step after step as the decode batch shrinks: the same ids
     # from one seed, the same log-probs and entropies to 1e-5 of their scale; bf16 logits as the output layer gives
-    # them under autocast; greedy too. Rows: peaked, flat, and in between (logits of scale 0.1 to 300).
+    # them under autocast; greedy too. Rows: peaked, flat, and in between (logits of scale 0.1 to 300); some with
+    # ids at -inf.
     V = 151_936  # Qwen2.5's vocabulary, not a multiple of draw()'s block
     torch.manual_seed(0)
     scale = torch.logspace(2.5, -1, 24)[:, None]  # [24, 1]
@@ -146,6 +147,7 @@ def test_next_token_over_a_large_vocabulary_gives_the_plain_numbers():
             fast = fastpath.NextToken()
             for A in (24, 24, 17, 5):  # rows leave the batch; the buffers stay
                 logits = (scale[:A] * torch.randn(A, V)).to(dtype)  # [A, V]
+                logits[::2, -5:] = float("-inf")  # ids a model rules out: p = 0, and 0 in the entropy
                 torch.manual_seed(A)
                 want = sample.next_token(logits, temperature)
                 seen.append(want[2])

@@ -182,8 +182,9 @@ def test_zero_advantage_rollouts_are_not_scored():
 
 def test_share_rows_where_a_reasoning_reaches_the_probe_columns(base):
     # Row 0's answer is 14 tokens ("1234567890123}"), row 1's 2 ("7}"): the probe columns are the last 15 (from row
-    # 0's first probe position to the end), and row 1's cue + answer fill 9 of them, so its reasoning ends inside. A copy perturbed there must start
-    # at the cached columns' end (min(column, head) in O2), not at its own column, past what the cache holds.
+    # 0's first probe position to the end), and row 1's cue + answer fill 9 of them, so its reasoning ends inside.
+    # A copy perturbed there must start at the cached columns' end (min(column, head) in O2), not at its own
+    # column, past what the cache holds.
     model, tok = base
     model.eval()
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]

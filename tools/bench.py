@@ -11,7 +11,8 @@ seconds at Qwen2.5-Math-1.5B's configuration (issue 28). One table, each row pri
 
 Parts (--parts, in this order): machine (matrix products at the model's shapes, float32 and bf16; memory
 bandwidth), sampler (sample.generate against model.generate on the same prompts, lengths and batch, greedy and
-sampled, taking turns; medians; and the share of the machine's limits that decoding reaches), oar-p (OAR-P's
+sampled, taking turns; medians; ours on each prompt alone, llama.cpp's batch 1; and the share of the machine's
+limits that decoding reaches), oar-p (OAR-P's
 weights of two rollouts through oar.batch_weights, each perturbed copy from its token on against each over every
 column after its prompt, taking turns), steps (train.py in its
 own process for grpo and each token rule of methods.RULES, the methods taking turns: seconds a step, split into

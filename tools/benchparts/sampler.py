@@ -96,7 +96,8 @@ def sampler_rows(table: Table, w: Workload, repeat: int, limits: dict) -> dict:
                   f"generate {hf['tps']:,.0f}", f"{ours['tps'] / hf['tps']:.2f}x")
         sampled = ours
     progress(f"sampler: the {len(w.prompts)} prompts one at a time")
-    one = in_turns({"ours": one_at_a_time(w, a.max_new_tokens, a.temperature)}, repeat, a.device)["ours"]
+    # warm from the rows above: one timed pass (each prompt a run of its own)
+    one = in_turns({"ours": one_at_a_time(w, a.max_new_tokens, a.temperature)}, 1, a.device, warmup=0)["ours"]
     table.row("sampler", f"sampled at {a.temperature:g}, one sequence at a time: useful tokens/s, ours",
               f"{one['tps']:,.0f}")
     decoding_shares(table, w, sampled, limits)
