@@ -1,39 +1,30 @@
-"""What a process sets before its first tensor, on any device: torch's CPU threads (--threads), and the C
-allocator's thresholds (speed only: no number changes).
+"""What a process sets before its first large tensor, on any device: torch's CPU threads (--threads), and large
+CPU tensors on huge pages (speed only: no number changes).
 
-Why the allocator: torch takes the memory of a CPU tensor from the C library's malloc and gives it back when the
-tensor dies. glibc serves a block above its mmap threshold (at most 32 MB by default) straight from the system
-and returns it on free, so the next tensor of that size is zeroed and mapped again page by page. A [64, 151,936]
-float32 tensor of next-token scores is 39 MB; a 0.5B's embedding gradient 544 MB. On this project's 2-core machine
-a division over 39 MB took 24 ms, 11 ms with the memory kept; an embedding's backward 325 ms against 77 ms; a
-0.5B's training pass 7.5 s against 4.8 s (docs/LOG.md, 2026-11-26). Here freed memory stays in the process for
-the next tensor. Its resident size then stays near its peak, which the memory plan (infra/memory.py) counts
-anyway; memory.release_freed_memory still hands it back where a phase's peak is measured.
+Why huge pages: glibc serves a block above 32 MB straight from the system and returns it on free, so each new
+tensor of that size is mapped and zeroed again, a 4 KB page fault at a time. A [64, 151,936] float32 tensor of
+next-token scores is 39 MB; a 0.5B's embedding gradient 544 MB, made again at every backward. torch can instead
+ask the kernel for 2 MB pages for every CPU tensor of 2 MB or more (THP_MEM_ALLOC_ENABLE, read at its first such
+allocation; the kernel's transparent huge pages in "madvise" or "always" mode): 512 times fewer faults. On this
+project's 2-core machine (one thread, docs/LOG.md, 2026-11-26): a division over 39 MB 19.5 -> 5.1 ms, an embedding's
+backward 243 -> 62 ms. Memory is still handed back on free, as before. (Keeping freed memory in the process instead,
+with glibc's mallopt, was as fast but let a train.py step of the 0.5B grow to 24 GB and be killed: a heap that never
+returns large blocks fragments.)
 """
-import ctypes
+import os
 
 import torch
 
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4  # glibc's malloc.h
-KEEP = 1 << 30  # bytes: freed memory up to this much stays in the heap; blocks up to it are not mapped apart
-
 
 def setup(threads: int = None):
-    """torch's CPU threads (None: torch's choice) and keep_freed_memory()."""
+    """torch's CPU threads (None: torch's choice) and huge_pages()."""
     if threads:
         torch.set_num_threads(threads)
-    keep_freed_memory()
+    huge_pages()
 
 
-def keep_freed_memory(size: int = KEEP) -> bool:
-    """Ask glibc to serve blocks up to `size` bytes from its heap instead of mapping each apart, and not to hand
-    freed memory below `size` back to the system. glibc before 2.35 refuses an mmap threshold above 32 MB: it is
-    then told to map no block apart at all (M_MMAP_MAX 0). True where glibc took it; False elsewhere (macOS, musl:
-    their allocators are left alone). (In glibc's main arena, where torch's calls from Python allocate.)"""
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the C library the process runs on
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    mapped_apart = mallopt(M_MMAP_THRESHOLD, size) or mallopt(M_MMAP_MAX, 0)
-    return bool(mapped_apart and mallopt(M_TRIM_THRESHOLD, size))
+def huge_pages():
+    """torch's CPU tensors of 2 MB or more on transparent huge pages, unless THP_MEM_ALLOC_ENABLE says otherwise.
+    torch reads the variable at its first allocation that large: call this before a model loads. Where the kernel
+    has no transparent huge pages (or they are "never"), torch's allocations are as before."""
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
