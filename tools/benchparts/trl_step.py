@@ -42,8 +42,11 @@ def trl_seconds(w: Workload, steps: int, warmup: int) -> float:
             times.append(time.perf_counter() - self.t0)
 
     with tempfile.TemporaryDirectory() as d:
-        cfg = GRPOConfig(output_dir=d, per_device_train_batch_size=a.prompts_per_step * a.group_size,
-                         gradient_accumulation_steps=1, num_generations=a.group_size,
+        rollouts = a.prompts_per_step * a.group_size
+        micro = max(k for k in range(1, min(a.micro_batch_size, rollouts) + 1) if rollouts % k == 0)
+        # train.py's micro-batch: TRL's per-device batch, accumulated to the step's rollouts (sampled at once)
+        cfg = GRPOConfig(output_dir=d, per_device_train_batch_size=micro,
+                         gradient_accumulation_steps=rollouts // micro, num_generations=a.group_size,
                          max_completion_length=a.max_new_tokens, temperature=a.temperature, top_k=0, top_p=1.0,
                          learning_rate=a.lr, beta=0.0, num_iterations=1, max_steps=steps,
                          use_cpu=a.device == "cpu", bf16=a.bf16, gradient_checkpointing=None, report_to="none",
