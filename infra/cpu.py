@@ -8,8 +8,8 @@ ask the kernel for 2 MB pages for every CPU tensor of 2 MB or more (THP_MEM_ALLO
 allocation; the kernel's transparent huge pages in "madvise" or "always" mode): 512 times fewer faults. On this
 project's 2-core machine (one thread, docs/LOG.md, 2026-11-26): a division over 39 MB 19.5 -> 5.1 ms, an embedding's
 backward 243 -> 62 ms. Memory is still handed back on free, as before. (Keeping freed memory in the process instead,
-with glibc's mallopt, was as fast but let a train.py step of the 0.5B grow to 24 GB and be killed: a heap that never
-returns large blocks fragments.)
+with glibc's mallopt, was as fast, but then the process never hands memory back: its resident size can only stay
+at its high-water mark or grow, and the memory plan's phases (infra/memory.py) would no longer be what it holds.)
 """
 import os
 

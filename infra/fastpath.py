@@ -40,11 +40,11 @@ INVERSE_CDF_VOCAB = 4096
 class NextToken:
     """sample.next_token with the same numbers (tests/test_fastpath.py), for a large vocabulary. At 151,936 ids a
     [64, V] float32 tensor is 39 MB, above glibc's default mmap threshold (32 MB): each fresh one is asked of the
-    system and touched page by page, which took longer than the arithmetic (docs/LOG.md, 2026-11-26;
-    infra/cpu.py raises the threshold where glibc allows). Here two [A, V] buffers serve every step of a decode,
-    and the log-softmax is written as its parts, in place: z = logits / T - max, p = exp(z) / s with
-    s = sum exp(z), log p = z - log s, and the entropy -sum p log p = log s - sum p z (sum p = 1), which needs no
-    logarithm over the vocabulary."""
+    system and touched page by page, which took longer than the arithmetic (docs/LOG.md, 2026-11-26; infra/cpu.py
+    puts such tensors on huge pages: fewer faults, not none, and the pages are still zeroed). Here two [A, V]
+    buffers serve every step of a decode, and the log-softmax is written as its parts, in place: z = logits / T -
+    max, p = exp(z) / s with s = sum exp(z), log p = z - log s, and the entropy -sum p log p = log s - sum p z
+    (sum p = 1), which needs no logarithm over the vocabulary."""
 
     def __init__(self):
         self.z = self.p = None  # [rows, V] float32, the first decode step's rows (the batch only shrinks)

@@ -34,32 +34,27 @@ def hf_sampler(w: Workload, n: int, T: int, temperature: float):
     return run
 
 
-def our_sampler(w: Workload, n: int, T: int, temperature: float):
-    """sample.generate on the same prompts, as train.py calls it: a function returning (useful tokens, decode
-    steps)."""
+def our_sampler(w: Workload, n: int, T: int, temperature: float, prompts: list = None):
+    """sample.generate on the same prompts (or these), as train.py calls it: a function returning (useful tokens,
+    decode steps)."""
     import sample
 
     def run():
         with sample.autocast(w.args.device, w.args.bf16):
-            b = sample.generate(w.model, w.prompts, n=n, max_new_tokens=T, temperature=temperature,
+            b = sample.generate(w.model, prompts or w.prompts, n=n, max_new_tokens=T, temperature=temperature,
                                 eos_id=w.tok.eos_token_id, pad_id=w.tok.pad_token_id)
         return int(b["response_mask"].sum()), b["response_mask"].shape[1]
     return run
 
 
 def one_at_a_time(w: Workload, T: int, temperature: float):
-    """sample.generate on each of the workload's prompts alone (n = 1), what llama.cpp's one-sequence row decodes:
-    a function returning (useful tokens, decode steps)."""
-    import sample
+    """our_sampler on each of the workload's prompts alone (n = 1), what llama.cpp's one-sequence row decodes: a
+    function returning (useful tokens, decode steps)."""
+    runs = [our_sampler(w, 1, T, temperature, [p]) for p in w.prompts]
 
     def run():
-        tokens = steps = 0
-        for p in w.prompts:
-            with sample.autocast(w.args.device, w.args.bf16):
-                b = sample.generate(w.model, [p], n=1, max_new_tokens=T, temperature=temperature,
-                                    eos_id=w.tok.eos_token_id, pad_id=w.tok.pad_token_id)
-            tokens, steps = tokens + int(b["response_mask"].sum()), steps + b["response_mask"].shape[1]
-        return tokens, steps
+        got = [r() for r in runs]
+        return sum(t for t, _ in got), sum(s for _, s in got)
     return run
 
 

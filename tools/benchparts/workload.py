@@ -43,8 +43,8 @@ SETTINGS = {
     "tiny": Setting(("--prompts-per-step", "16", "--group-size", "8"), steps=14, warmup=4, rounds=2, repeat=11),
     "smollm2-135m": Setting(("--dataset", "arith") + RECIPE, short=SHORT),
     # about 5x (0.5B) and 13x (1.5B) SmolLM2's work: one and three hours on 2 cores. Micro-batches of 16: at 64
-    # rows the 0.5B's training pass takes about 19 GB (the output layer over 151,936 ids), and with the bench's
-    # own process beside it the machine's 24 GB ran out (2026-11-26)
+    # rows a micro-batch the 0.5B's train.py reached 18.7-19.5 GB resident in its second step and, with the bench's
+    # own process beside it, the machine's 24 GB ran out (docs/LOG.md, 2026-11-26; --dry-run plans 29.8 GiB)
     "qwen2.5-coder-0.5b": Setting(("--dataset", "gsm8k") + RECIPE + ("--micro-batch-size", "16"), short=SHORT),
     "qwen2.5-coder-1.5b": Setting(("--dataset", "gsm8k") + RECIPE + ("--micro-batch-size", "16"), short=SHORT),
 }
