@@ -286,22 +286,26 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, 
     for _ in range(args.mu):
         optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=args.device)
-        for s in range(0, len(by_length), args.micro_batch_size):
-            mb = by_length[s:s + args.micro_batch_size]  # [n] rollouts of similar length
-            t = int(lengths[mb].max())  # the micro-batch's longest response: the columns after it are padding
-            with sample.autocast(args.device, args.bf16):
+        # One autocast region for the whole update: autocast keeps its bf16 copy of each weight until its
+        # outermost region ends, and the weights change only at the optimizer step, so the copies are made once
+        # here, not per micro-batch. The loss and its backward run with autocast off, inside it, as before.
+        with sample.autocast(args.device, args.bf16):
+            for s in range(0, len(by_length), args.micro_batch_size):
+                mb = by_length[s:s + args.micro_batch_size]  # [n] rollouts of similar length
+                t = int(lengths[mb].max())  # the micro-batch's longest response: the columns after it are padding
                 logp = sample.token_logprobs(model, ids[mb, :P + t], attn[mb, :P + t], P, args.temperature,
                                              groups=mb // G)  # [n, t]; a group's prompt runs once
-            # normalised by the whole batch's counts (G5), so the accumulated gradient is the full batch's
-            loss, st = grpo.policy_loss(
-                logp, batch["logprobs"][mb, :t], adv[mb, :t], mask[mb, :t], eps_low=args.eps_low,
-                eps_high=args.eps_high, dual_clip=args.dual_clip, beta=args.beta,
-                ref_logp=None if ref_logp is None else ref_logp[mb, :t], agg=args.agg,
-                max_new_tokens=args.max_new_tokens, n_seqs=N, n_tokens=n_tokens)
-            loss.backward()
-            loss_sum += loss.detach()
-            for k, v in st.items():
-                stats[k] = stats.get(k, 0.0) + v / args.mu
+                with sample.autocast(args.device, False):
+                    # normalised by the whole batch's counts (G5), so the accumulated gradient is the full batch's
+                    loss, st = grpo.policy_loss(
+                        logp, batch["logprobs"][mb, :t], adv[mb, :t], mask[mb, :t], eps_low=args.eps_low,
+                        eps_high=args.eps_high, dual_clip=args.dual_clip, beta=args.beta,
+                        ref_logp=None if ref_logp is None else ref_logp[mb, :t], agg=args.agg,
+                        max_new_tokens=args.max_new_tokens, n_seqs=N, n_tokens=n_tokens)
+                    loss.backward()
+                loss_sum += loss.detach()
+                for k, v in st.items():
+                    stats[k] = stats.get(k, 0.0) + v / args.mu
         peaks.end("training")
         # a NaN or infinity never reaches the weights or AdamW's moments: such an update is skipped, and counted
         stats["grad_norm"], why = guard.step(model, optimizer, args.grad_clip, loss_sum)

@@ -120,3 +120,53 @@ def test_chunked_logprobs_equal_the_full_vocabulary_forward_with_gradients(base)
     assert_close(out["entropy"], ref_entropy.detach(), rel=1e-5, what="entropies")
     assert_grads_close(grads_of(model), ref_grads, rel=1e-5, what="chunked")
     model.zero_grad(set_to_none=True)
+
+
+class CastsOfWeights(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the bf16 copies made of each parameter (autocast's casts reach the dispatcher as _to_copy)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.names = {p.data_ptr(): n for n, p in model.named_parameters()}
+        self.count = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
+            name = self.names.get(args[0].data_ptr())
+            if name is not None:
+                self.count[name] = self.count.get(name, 0) + 1
+        return func(*args, **kwargs)
+
+
+def test_one_autocast_region_per_update_casts_each_weight_once_with_the_same_gradients(base):
+    # train.update runs an update's micro-batches in one bf16 autocast region, each loss and backward with autocast
+    # off inside it: autocast keeps its copy of a weight until its outermost region ends, so each weight is cast
+    # once an update, not once a micro-batch (and again for the output layer's recomputation in the backward).
+    # The gradients must be those of a region per micro-batch: the same bf16 copies, made once.
+    from contextlib import nullcontext
+    model, tok = base
+    torch.manual_seed(0)
+    out = sample.generate(model, prompts(tok, 4, seed=5), n=2, max_new_tokens=12, temperature=1.0,
+                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    ids, attn, P, m = out["input_ids"], out["attention_mask"], out["prompt_len"], out["response_mask"].float()
+
+    def update(one_region: bool):
+        model.zero_grad(set_to_none=True)
+        with CastsOfWeights(model) as casts, (sample.autocast("cpu", True) if one_region else nullcontext()):
+            for mb in (torch.arange(0, 4), torch.arange(4, 8)):  # two micro-batches of two groups each
+                with sample.autocast("cpu", True):
+                    logp = sample.token_logprobs(model, ids[mb], attn[mb], P, 1.0, chunk_tokens=5,
+                                                 groups=mb // 2)  # [4, T]
+                with sample.autocast("cpu", False):
+                    (logp * m[mb]).sum().backward()
+        return grads_of(model), casts.count
+
+    per_micro_batch, casts_apart = update(False)
+    one_region, casts_once = update(True)
+    model.zero_grad(set_to_none=True)
+    cast = {n for n, _ in model.named_parameters() if "norm" not in n}  # the products' (the output layer is tied)
+    assert set(casts_once) == set(casts_apart) == cast, (set(casts_once) ^ cast, set(casts_apart) ^ cast)
+    assert all(c == 1 for c in casts_once.values()), casts_once
+    assert all(c >= 2 for c in casts_apart.values()), casts_apart
+    assert_grads_close(one_region, per_micro_batch, rel=1e-6, what="one autocast region")
