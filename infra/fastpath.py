@@ -175,13 +175,15 @@ def decode_attention(q, k, v, bias, scaling: float):
     return torch.matmul(weights, v).view(A, 1, H * D)  # [A, 1, H*D]
 
 
-def prompt_prefill(decoder, input_ids, attention_mask, positions, prompt_len: int, groups: torch.Tensor):
+def prompt_prefill(decoder, input_ids, attention_mask, positions, prompt_len: int, groups: torch.Tensor,
+                   embeds: torch.Tensor = None):
     """The forward of each distinct prompt, once. Rows with the same value in groups [N] share their first
     prompt_len columns (a GRPO group); positions [N, P + T] as sample.position_ids gives them. Returns kv, a
     (keys, values) pair [U, Hkv, P, D] per layer for the U distinct prompts, their hidden states [U, P, H] and
     row_group [N], which of them each row has. A prompt token's activations never depend on the tokens after it
     (causal attention), so every row gets exactly what its own forward would give. decoder: the model without its
-    output layer (model.get_decoder())."""
+    output layer (model.get_decoder()). embeds [N, >= P, H] (optional): the rows' input embeddings, used instead
+    of looking the prompts' ids up again."""
     P = prompt_len
     uniq, row_group = torch.unique(groups, return_inverse=True)  # [U], [N] which prompt each row has
     first = torch.zeros(len(uniq), dtype=torch.long, device=groups.device).scatter_(
@@ -189,7 +191,8 @@ def prompt_prefill(decoder, input_ids, attention_mask, positions, prompt_len: in
     if not torch.equal(input_ids[first][row_group, :P], input_ids[:, :P]):
         raise ValueError("prompt_prefill: rows of the same group have different prompts")
     cache = DynamicCache()
-    hidden = decoder(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
+    ids, embeds = (input_ids[first, :P], None) if embeds is None else (None, embeds[first, :P])
+    hidden = decoder(input_ids=ids, inputs_embeds=embeds, attention_mask=attention_mask[first, :P],
                      position_ids=positions[first, :P], past_key_values=cache,
                      use_cache=True).last_hidden_state  # [U, P, H]
     return [(layer.keys, layer.values) for layer in cache.layers], hidden, row_group
