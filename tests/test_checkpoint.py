@@ -448,13 +448,14 @@ def test_a_nan_step_is_skipped_and_counted(base, tmp_path, monkeypatch):
             assert torch.equal(weights[name], p), name  # the weights are the base model's, untouched
 
 
+@pytest.mark.parametrize("fused", [True, False])  # train.py's AdamW is fused; the guard holds for either
 @pytest.mark.parametrize("lr, grad", [(1e-3, 1e30), (1e39, 1.0)])
-def test_an_update_that_overflows_is_undone_bit_for_bit(base, lr, grad):
+def test_an_update_that_overflows_is_undone_bit_for_bit(base, lr, grad, fused):
     # finite gradients both: 1e30 squared is past float32's 3.4e38 in AdamW's second moment; at lr 1e39 the step
-    # size is (torch raises, after updating the moments in place)
+    # size is (the unfused AdamW raises, after updating the moments in place)
     model = type(base[0])(base[0].config)
     model.load_state_dict(base[0].state_dict())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0, fused=fused)
 
     def step(lr, grad):
         optimizer.param_groups[0]["lr"] = lr
