@@ -218,7 +218,7 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
 
 
 def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
-                   chunk_tokens: int = 2048, groups: torch.Tensor = None):
+                   chunk_tokens: int = 2048, groups: torch.Tensor = None, fast: bool = None):
     """log pi(o_t | q, o_<t) of every response token, by a forward over prompt + response.
 
     input_ids, attention_mask: [N, P + T] as generate() returns them. Returns logp [N, T].
@@ -236,7 +236,8 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
     and is recomputed in the backward. This takes logits = output_embeddings(hidden): a model whose config sets a
     final transform (LOGIT_TRANSFORMS: Gemma2's soft-capping, Cohere's scale, ...) gets one forward of its own
     instead, its logits for the response columns whole ([N, T, V]), without chunks or a shared prompt.
-    Prompts are shared only where fastpath.shares_prompts(model) (a plain full-attention cache).
+    Prompts are shared only where fastpath.shares_prompts(model) (a plain full-attention cache). Over a vocabulary
+    above 4,096 ids each chunk's log-softmax is fastpath.TargetLogprobs, the same numbers; fast=False keeps it plain.
     """
     P, pos, decoder = prompt_len, position_ids(attention_mask), model.get_decoder()  # pos [N, P + T]
     targets = input_ids[:, P:]  # [N, T]
@@ -265,7 +266,7 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
     head = model.get_output_embeddings()
     logp = []
     for s in range(0, N * T, chunk_tokens):
-        args = (head, h[s:s + chunk_tokens], targets[s:s + chunk_tokens], temperature)
+        args = (head, h[s:s + chunk_tokens], targets[s:s + chunk_tokens], temperature, fast is not False)
         if torch.is_grad_enabled():
             logp.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False))
         else:
@@ -273,9 +274,13 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
     return torch.cat(logp).view(N, T)  # [N, T]
 
 
-def _chunk_logprobs(head, h, targets, temperature):
-    """Log-prob of each target for a chunk of tokens: h [n, H], targets [n]."""
-    return _logprobs_of(head(h), targets, temperature)  # [n]
+def _chunk_logprobs(head, h, targets, temperature, fast: bool):
+    """Log-prob of each target for a chunk of tokens: h [n, H], targets [n]. fast: through fastpath.TargetLogprobs,
+    the same numbers with fewer [n, V] tensors, where the vocabulary is large (the threshold of NextToken)."""
+    logits = head(h)  # [n, V]
+    if fast and logits.shape[-1] > fastpath.INVERSE_CDF_VOCAB:
+        return fastpath.TargetLogprobs.apply(logits, targets, temperature)  # [n]
+    return _logprobs_of(logits, targets, temperature)  # [n]
 
 
 def _logprobs_of(logits, targets, temperature):

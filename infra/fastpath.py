@@ -67,6 +67,42 @@ class NextToken:
         return nxt, logp, log_s - z.mul_(p).nansum(-1)  # the entropy [A]
 
 
+class TargetLogprobs(torch.autograd.Function):
+    """sample._logprobs_of's numbers and gradient (tests/test_fastpath.py) for a chunk of the output layer's logits
+    over a large vocabulary, with fewer fresh [n, V] tensors (each a page-faulted allocation at 151,936 ids, see
+    NextToken): the forward makes one float32 z = logits / T and keeps nothing of that size (the plain path: the cast,
+    the division, logsumexp's shifted copy and its exp, all kept for the backward), the backward one float32 softmax,
+    turned in place into the gradient, and its cast (the plain path: softmax, the gather's zeros, their sum, the
+    division's and the cast's). log p(target) = z[target] - lse, lse = m + log sum exp(z - m), m = max z (logsumexp's
+    own steps, an infinite m taken as 0 as it does); d log p / dz = onehot(target) - softmax(z)."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature: float):
+        z = _scaled(logits, temperature)  # [n, V] float32, a fresh copy
+        picked = z.gather(1, targets[:, None]).squeeze(1)  # [n]
+        m = z.amax(-1, keepdim=True)  # [n, 1]
+        m.masked_fill_(m.abs() == float("inf"), 0)
+        lse = z.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(1))  # [n]; z is spent
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        return picked - lse  # [n]
+
+    @staticmethod
+    def backward(ctx, g):  # g [n]
+        logits, targets, lse = ctx.saved_tensors
+        grad = _scaled(logits, ctx.temperature).sub_(lse[:, None]).exp_()  # [n, V] softmax(z)
+        grad.mul_(-g[:, None]).scatter_add_(1, targets[:, None], g[:, None])  # [n, V] g (onehot - softmax)
+        if ctx.temperature > 0:
+            grad.div_(ctx.temperature)
+        return grad.to(logits.dtype), None, None
+
+
+def _scaled(logits, temperature: float):
+    """A float32 copy of logits [n, V], divided by the temperature (T = 0: greedy, undivided)."""
+    z = logits.to(torch.float32, copy=True)
+    return z.div_(temperature) if temperature > 0 else z
+
+
 def draw(p: torch.Tensor, block: int = 256) -> torch.Tensor:
     """One token of each row of p [A, V] (probabilities, rows summing to 1): [A]. torch.multinomial(p, 1) for a small
     vocabulary; for a large one the inverse CDF, one uniform number a row, in two levels: the block of `block` ids

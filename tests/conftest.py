@@ -99,7 +99,7 @@ def float64_exact(monkeypatch):
         h = up(x)
         return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)).to(x.dtype)
 
-    def chunk_logprobs(head, h, targets, temperature):
+    def chunk_logprobs(head, h, targets, temperature, fast=False):
         logits = up(head(h))  # [n, V]
         if temperature > 0:
             logits = logits / temperature

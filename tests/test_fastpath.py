@@ -160,6 +160,53 @@ def test_next_token_over_a_large_vocabulary_gives_the_plain_numbers():
     assert torch.cat(seen).min() < 1e-3 and torch.cat(seen).max() > 10  # peaked rows and flat ones
 
 
+def test_target_logprobs_give_the_plain_numbers_and_gradients():
+    # fastpath.TargetLogprobs against sample._logprobs_of (log_softmax at the targets through autograd), forward and
+    # backward, over 151,936 ids, float32 and bf16 logits (the gradient then cast to bf16 by both), T = 0.7, 1, and 0
+    # (greedy: undivided); a logit of -inf (p = 0) and a row of equal logits (p = 1 / V everywhere).
+    torch.manual_seed(0)
+    V = 151936
+    for dtype in (torch.float32, torch.bfloat16):
+        for temperature in (0.7, 1.0, 0.0):
+            x = (4 * torch.randn(6, V)).to(dtype)  # [6, V]
+            x[1, :3] = float("-inf")
+            x[2] = 1.5
+            targets = torch.tensor([5, 7, V - 1, 0, 123456, 42])
+            g = torch.randn(6)  # the loss's gradient at each log-prob
+            out = {}
+            for name, f in (("plain", sample._logprobs_of), ("fast", fastpath.TargetLogprobs.apply)):
+                logits = x.clone().requires_grad_()
+                logp = f(logits, targets, temperature)  # [6]
+                logp.backward(g)
+                out[name] = (logp.detach(), logits.grad)
+            what = f"{dtype}, T {temperature}"
+            assert out["fast"][1].dtype == dtype
+            assert_close(out["fast"][0], out["plain"][0], rel=1e-6, what=f"log-probs, {what}")
+            assert_close(out["fast"][1].float(), out["plain"][1].float(), rel=1e-6, what=f"gradients, {what}")
+            assert out["fast"][1][1, :3].eq(0).all()  # an id at -inf takes no gradient
+
+
+def test_token_logprobs_take_target_logprobs_over_a_large_vocabulary(base, monkeypatch):
+    # the tiny model's vocabulary counts as large here: token_logprobs then runs TargetLogprobs in its checkpointed
+    # chunks (the backward recomputes them), with the plain path's log-probs and gradients
+    model, tok = base
+    ids, attn, P, m, groups = shared_prompt_case(model, tok, 0)
+    calls = []
+    monkeypatch.setattr(fastpath, "INVERSE_CDF_VOCAB", 0)
+    monkeypatch.setattr(fastpath.TargetLogprobs, "forward", staticmethod(
+        lambda ctx, *a, f=fastpath.TargetLogprobs.forward: calls.append(1) or f(ctx, *a)))
+    out = {}
+    for fast in (False, None):
+        model.zero_grad(set_to_none=True)
+        logp = sample.token_logprobs(model, ids, attn, P, 0.7, chunk_tokens=7, groups=groups, fast=fast)
+        (logp * m).sum().backward()
+        out[fast] = (logp.detach() * m, grads_of(model))
+    model.zero_grad(set_to_none=True)
+    assert calls  # the fast path ran
+    assert_close(out[None][0], out[False][0], rel=1e-6, what="log-probs")
+    assert_grads_close(out[None][1], out[False][1], rel=1e-6, what="TargetLogprobs")
+
+
 def test_draw_lands_on_the_inverse_cdf_id_and_keeps_the_frequencies(monkeypatch):
     # above INVERSE_CDF_VOCAB ids, draw() takes the id where u x total falls in the running sum of the row (two levels:
     # the block, then the id inside it): against the plain search over the whole running sum in float64
