@@ -348,7 +348,14 @@ def save_run(run_dir: str, step: int, model, tokenizer, optimizer, scheduler, pr
 def restore_run(state: dict, optimizer, scheduler, problem_rng, device: str) -> tuple:
     """What save_run saved, put back into a run's optimizer, scheduler and RNGs; returns (the step, D2's buffer with
     its tensors on `device`)."""
+    how = [(g.get("fused"), g.get("foreach")) for g in optimizer.param_groups]
     optimizer.load_state_dict(state["optimizer"])
+    # the loaded groups say how the saving run's AdamW ran (not fused before 2026-11-26): this run's way is kept
+    for group, (fused, foreach) in zip(optimizer.param_groups, how):
+        group.update(fused=fused, foreach=foreach)
+        for p in group["params"] if fused else ():  # fused AdamW keeps its step count beside the weight, float32
+            if "step" in optimizer.state.get(p, {}):
+                optimizer.state[p]["step"] = optimizer.state[p]["step"].to(device=p.device, dtype=torch.float32)
     torch.set_rng_state(state["torch_rng"])
     problem_rng.setstate(state["problem_rng"])
     scheduler.load_state_dict(state["scheduler"])

@@ -22,8 +22,9 @@ def step(model, optimizer, grad_clip: float, loss) -> tuple:
 def step_if_finite(optimizer) -> bool:
     """optimizer.step(), undone bit for bit when it leaves a weight or an AdamW moment that is not finite: whether
     the update was kept. A finite gradient can still overflow: its square in the second moment (above 1.8e19 in
-    float32), or a learning rate so large that the step passes float32's range (torch then raises, having already
-    updated the moments). What such a step changes is copied to the CPU first, so GPU memory does not double."""
+    float32), or a learning rate so large that the step passes float32's range (unfused AdamW then raises, having
+    already updated the moments; fused AdamW writes the infinity, which the check below finds). What such a step
+    changes is copied to the CPU first, so GPU memory does not double."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     # The usual case needs no copy: AdamW moves a weight by at most about lr (Kingma & Ba's bound, with betas
     # (0.9, 0.99)), and its moments stay below the largest gradient (squared). Only a gradient or a step size near

@@ -148,12 +148,12 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     What trains (every weight, or LoRA's adapters) is float32 with its gradient and AdamW's two moments (4 + 4 + 8
     bytes a parameter); AdamW's moments exist from the first optimizer step on, and the plan is of the steps after
     (first_step: of the first, whose phases before its optimizer step hold no moment yet).
-    Gradients are freed right after the optimizer step, so sampling does not hold them; foreach AdamW makes one
-    float32 temporary the size of what trains. Full-parameter --bf16 is autocast, which holds a bf16 copy of the
-    weights while a region lasts. Under LoRA the frozen base takes no gradient and no moment: with --bf16 its
-    linear layers are held in bf16 (infra/lora.py), the embeddings and norms float32; a tied output layer, being
-    the embeddings, is cast to bf16 for each product (a transient copy). Under LoRA the reference (beta > 0) is the
-    base itself.
+    Gradients are freed right after the optimizer step, so sampling does not hold them; train.py's AdamW is fused
+    (it updates each weight and its moments in place, no temporary the size of what trains). Full-parameter --bf16
+    is autocast, which holds a bf16 copy of the weights while a region lasts (train.py's: an update). Under LoRA
+    the frozen base takes no gradient and no moment: with --bf16 its linear layers are held in bf16 (infra/lora.py),
+    the embeddings and norms float32; a tied output layer, being the embeddings, is cast to bf16 for each product (a
+    transient copy). Under LoRA the reference (beta > 0) is the base itself.
     Sampling: the KV cache of `gen_rollouts` rows of prompt + response tokens (2 x layers x KV heads x head dim
     each), and a few [rows, vocabulary] float32 buffers for the next-token distribution.
     Advantage (OAR only: oar_chunk rollouts a scoring forward): OAR scores in float32; OAR-G (oar_gradient) keeps
@@ -227,8 +227,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
         f"output layer, {chunk_tokens} tokens at a time": min(chunk_tokens, micro_batch * max_new_tokens) * V
         * (3 * 4 + act),
     }
-    plan["optimizer step"] = {**states, "AdamW moments (float32)": 8 * trains, "gradients (float32)": 4 * trains,
-                              "AdamW temporary (float32)": 4 * trains}
+    plan["optimizer step"] = {**states, "AdamW moments (float32)": 8 * trains, "gradients (float32)": 4 * trains}
     return plan
 
 

@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import subprocess
+import random
 import sys
 
 import pytest
@@ -16,6 +17,7 @@ import grpo
 import reward
 import train
 from infra import checkpoint, guard, logbook
+from conftest import assert_close
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--eval-limit", "16", "--eval-every", "1000"]
@@ -703,3 +705,29 @@ def test_a_checkpoints_files_have_the_runs_permissions(base, tmp_path):
     train.main(["--steps", "1", "--run-dir", str(run_dir), *SMALL])
     mode = os.stat(run_dir / "metrics.jsonl").st_mode & 0o777
     assert {os.stat(p).st_mode & 0o777 for p in (run_dir / "checkpoint").iterdir()} == {mode}
+
+
+def test_a_checkpoint_of_an_unfused_adamw_resumes_fused_with_the_same_updates():
+    # checkpoints saved before train.py's AdamW was fused hold param groups that say fused=None: restore_run keeps the
+    # resuming run's fused AdamW (its step counts made float32 tensors beside the weights), and the next update is
+    # the one the saving run's AdamW would have made
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(5, 3))
+    kw = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.0)
+    old = torch.optim.AdamW([w], **kw)
+    for _ in range(2):
+        w.grad = torch.randn(5, 3)
+        old.step()
+    sched = torch.optim.lr_scheduler.LambdaLR(old, lambda s: 1.0)
+    state = {"optimizer": copy.deepcopy(old.state_dict()), "torch_rng": torch.get_rng_state(),
+             "problem_rng": random.Random(0).getstate(), "scheduler": sched.state_dict(), "step": 2}
+    w2 = torch.nn.Parameter(w.detach().clone())
+    new = torch.optim.AdamW([w2], **kw, fused=True)
+    checkpoint.restore_run(state, new, torch.optim.lr_scheduler.LambdaLR(new, lambda s: 1.0), random.Random(1), "cpu")
+    assert new.param_groups[0]["fused"] is True
+    g = torch.randn(5, 3)
+    w.grad, w2.grad = g, g.clone()
+    old.step()
+    new.step()
+    assert_close(w2.detach(), w.detach(), rel=1e-6, what="the update after resuming")
+    assert new.state[w2]["step"].item() == 3
