@@ -176,7 +176,7 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
         active = torch.arange(N, device=device)  # [A] rows in the decode batch
         finished = torch.zeros(N, dtype=torch.bool, device=device)  # [A] rows of the batch that have emitted EOS
         # next_token; over a large vocabulary fastpath.NextToken, its numbers with two [A, V] buffers kept all along
-        large = logits.shape[-1] > fastpath.INVERSE_CDF_VOCAB and fast is not False
+        large = logits.shape[-1] > fastpath.LARGE_VOCAB and fast is not False
         pick = fastpath.NextToken() if large else next_token
         for t in range(max_new_tokens):
             nxt, logprobs[active, t], entropy[active, t] = pick(logits, temperature)  # [A] each
@@ -276,9 +276,9 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
 
 def _chunk_logprobs(head, h, targets, temperature, fast: bool):
     """Log-prob of each target for a chunk of tokens: h [n, H], targets [n]. fast: through fastpath.TargetLogprobs,
-    the same numbers with fewer [n, V] tensors, where the vocabulary is large (the threshold of NextToken)."""
+    the same numbers with fewer [n, V] tensors, where the vocabulary is large (fastpath.LARGE_VOCAB)."""
     logits = head(h)  # [n, V]
-    if fast and logits.shape[-1] > fastpath.INVERSE_CDF_VOCAB:
+    if fast and logits.shape[-1] > fastpath.LARGE_VOCAB:
         return fastpath.TargetLogprobs.apply(logits, targets, temperature)  # [n]
     return _logprobs_of(logits, targets, temperature)  # [n]
 

@@ -35,6 +35,10 @@ DECODABLE = ("Qwen2ForCausalLM", "LlamaForCausalLM")  # the layouts decode_step(
 # every id of every row (203 ms of a 0.5B's 0.8 s decode step at 64 rows x 151,936 ids). Below it, multinomial, as
 # before: the tiny world's runs keep their random streams, and so their numbers, bit for bit.
 INVERSE_CDF_VOCAB = 4096
+# Above this vocabulary size a fresh float32 [rows, V] tensor costs more than its arithmetic (page faults; NextToken):
+# sample.generate picks through NextToken and token_logprobs through TargetLogprobs. Below it the plain paths run,
+# the ones a reader edits (the tiny world's among them).
+LARGE_VOCAB = 4096
 
 
 class NextToken:
@@ -81,13 +85,14 @@ class TargetLogprobs(torch.autograd.Function):
         z = _scaled(logits, temperature)  # [n, V] float32, a fresh copy
         picked = z.gather(1, targets[:, None]).squeeze(1)  # [n]
         m = z.amax(-1, keepdim=True)  # [n, 1]
-        m.masked_fill_(m.abs() == float("inf"), 0)
+        m.masked_fill_(m.abs() == float("inf"), 0)  # as logsumexp: a row with a +inf logit gets lse = +inf, not nan
         lse = z.sub_(m).exp_().sum(-1).log_().add_(m.squeeze(1))  # [n]; z is spent
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
         return picked - lse  # [n]
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # a second derivative would need lse's graph: none is kept
     def backward(ctx, g):  # g [n]
         logits, targets, lse = ctx.saved_tensors
         grad = _scaled(logits, ctx.temperature).sub_(lse[:, None]).exp_()  # [n, V] softmax(z)
@@ -227,8 +232,8 @@ def prompt_prefill(decoder, input_ids, attention_mask, positions, prompt_len: in
     if not torch.equal(input_ids[first][row_group, :P], input_ids[:, :P]):
         raise ValueError("prompt_prefill: rows of the same group have different prompts")
     cache = DynamicCache()
-    ids, embeds = (input_ids[first, :P], None) if embeds is None else (None, embeds[first, :P])
-    hidden = decoder(input_ids=ids, inputs_embeds=embeds, attention_mask=attention_mask[first, :P],
+    ids, first_embeds = (input_ids[first, :P], None) if embeds is None else (None, embeds[first, :P])  # [U, P(, H)]
+    hidden = decoder(input_ids=ids, inputs_embeds=first_embeds, attention_mask=attention_mask[first, :P],
                      position_ids=positions[first, :P], past_key_values=cache,
                      use_cache=True).last_hidden_state  # [U, P, H]
     return [(layer.keys, layer.values) for layer in cache.layers], hidden, row_group

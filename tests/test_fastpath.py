@@ -184,6 +184,13 @@ def test_target_logprobs_give_the_plain_numbers_and_gradients():
             assert_close(out["fast"][0], out["plain"][0], rel=1e-6, what=f"log-probs, {what}")
             assert_close(out["fast"][1].float(), out["plain"][1].float(), rel=1e-6, what=f"gradients, {what}")
             assert out["fast"][1][1, :3].eq(0).all()  # an id at -inf takes no gradient
+    # rows logsumexp treats apart (an infinite maximum taken as 0): a +inf logit, and every logit -inf
+    x = torch.randn(3, V)
+    x[0, 10] = float("inf")
+    x[1] = float("-inf")
+    got, want = (f(x.clone().requires_grad_(), torch.tensor([3, 3, 7]), 0.7) for f in (
+        fastpath.TargetLogprobs.apply, sample._logprobs_of))  # row 0: -inf, row 1: nan, both ways
+    torch.testing.assert_close(got, want, equal_nan=True)
 
 
 def test_token_logprobs_take_target_logprobs_over_a_large_vocabulary(base, monkeypatch):
@@ -192,7 +199,7 @@ def test_token_logprobs_take_target_logprobs_over_a_large_vocabulary(base, monke
     model, tok = base
     ids, attn, P, m, groups = shared_prompt_case(model, tok, 0)
     calls = []
-    monkeypatch.setattr(fastpath, "INVERSE_CDF_VOCAB", 0)
+    monkeypatch.setattr(fastpath, "LARGE_VOCAB", 0)
     monkeypatch.setattr(fastpath.TargetLogprobs, "forward", staticmethod(
         lambda ctx, *a, f=fastpath.TargetLogprobs.forward: calls.append(1) or f(ctx, *a)))
     out = {}

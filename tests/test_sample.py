@@ -1,6 +1,7 @@
 """sample.py: the sampler's log-probs against the training forward, masks, padding, chunked scoring.
 (The written-out forwards against the model's own: tests/test_fastpath.py.)"""
 import random
+from contextlib import nullcontext
 
 import torch
 
@@ -142,9 +143,9 @@ class CastsOfWeights(torch.utils._python_dispatch.TorchDispatchMode):
 def test_one_autocast_region_per_update_casts_each_weight_once_with_the_same_gradients(base):
     # train.update runs an update's micro-batches in one bf16 autocast region, each loss and backward with autocast
     # off inside it: autocast keeps its copy of a weight until its outermost region ends, so each weight is cast
-    # once an update, not once a micro-batch (and again for the output layer's recomputation in the backward).
+    # once an update, not once a micro-batch (and again for the output layer's recomputation in the backward: on a
+    # CPU, where the backward runs on this thread; CUDA's runs on a thread of its own, with its own cache).
     # The gradients must be those of a region per micro-batch: the same bf16 copies, made once.
-    from contextlib import nullcontext
     model, tok = base
     torch.manual_seed(0)
     out = sample.generate(model, prompts(tok, 4, seed=5), n=2, max_new_tokens=12, temperature=1.0,

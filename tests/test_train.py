@@ -202,3 +202,27 @@ def test_out_of_memory_is_one_line_naming_the_phase_and_keeps_the_checkpoint(bas
     assert last["peak_sampling_gib"] > 0 and "peak_training_gib" not in last  # the phase that failed has no peak
     assert last["prompt_len"] > 0  # what tools/memcheck.py plans the failed step with
     assert torch.load(run_dir / "checkpoint" / "state.pt", weights_only=False)["step"] == last["step"] - 1
+
+
+def test_an_update_casts_each_weight_once_for_all_its_micro_batches(base, tmp_path, monkeypatch):
+    # --bf16: train.update runs an update's micro-batches in one autocast region, so autocast copies each weight
+    # once an update; with --mu 2 the second update copies the weights the first one changed, once again. A region
+    # a micro-batch would copy them once a micro-batch (and the output layer again for its recomputation on this
+    # CPU); an optimizer step inside the region would leave the second update the first one's stale copies.
+    from test_sample import CastsOfWeights
+    counts, real = [], train.update
+
+    def counted(args, model, *rest, **kw):
+        with CastsOfWeights(model) as casts:
+            out = real(args, model, *rest, **kw)
+        counts.append(casts.count)
+        return out
+    monkeypatch.setattr(train, "update", counted)
+    train.main(["--steps", "2", "--bf16", "--mu", "2", "--micro-batch-size", "4", "--prompts-per-step", "4",
+                "--group-size", "4", "--eval-every", "1000", "--eval-limit", "4", "--save-every", "1000",
+                "--run-dir", str(tmp_path / "run")])
+    trained = [c for c in counts if c]  # a step where every group agrees trains nothing
+    assert trained, "no step trained: choose another seed"
+    for c in trained:
+        assert set(c) == {n for n, _ in base[0].named_parameters() if "norm" not in n}
+        assert set(c.values()) == {2}, c  # --mu 2: two updates, one copy of each weight each

@@ -36,13 +36,14 @@ def batch(w, rows: int, T: int, seed: int = 0) -> dict:
 def one_pass(w, b: dict):
     a, P = w.args, b["prompt_len"]
     rows = len(b["input_ids"])
-    with sample.autocast(a.device, a.bf16):
+    with sample.autocast(a.device, a.bf16):  # as train.update: one region, the loss and backward with it off
         logp = sample.token_logprobs(w.model, b["input_ids"], b["attention_mask"], P, a.temperature,
                                      groups=torch.arange(rows) // a.group_size)  # [rows, T]
-    loss, _ = grpo.policy_loss(logp, b["logprobs"], b["advantages"], b["mask"], eps_low=a.eps_low,
-                               eps_high=a.eps_high, beta=0.0, agg=a.agg, max_new_tokens=a.max_new_tokens,
-                               n_seqs=rows, n_tokens=b["mask"].sum())
-    loss.backward()
+        with sample.autocast(a.device, False):
+            loss, _ = grpo.policy_loss(logp, b["logprobs"], b["advantages"], b["mask"], eps_low=a.eps_low,
+                                       eps_high=a.eps_high, beta=0.0, agg=a.agg, max_new_tokens=a.max_new_tokens,
+                                       n_seqs=rows, n_tokens=b["mask"].sum())
+            loss.backward()
     w.model.zero_grad(set_to_none=True)
 
 
