@@ -32,7 +32,7 @@ import oar
 import reward
 import sample
 from config import training
-from infra import checkpoint, cpu, guard, logbook, memory, models, track
+from infra import checkpoint, cpu, fastpath, guard, logbook, memory, models, track
 
 
 def main(argv=None):
@@ -277,10 +277,12 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, 
     # With beta > 0 the KL term (G4) needs every rollout.
     lengths = batch["response_mask"].sum(-1)  # [N]
     scored = (adv != 0).any(-1) | (args.beta > 0)  # [N]
-    # Micro-batches take rollouts in order of length and stop at their longest response: a padding column costs a
-    # full forward and backward and changes nothing (its mask is 0).
-    by_length = lengths.argsort()  # [N]
-    by_length = by_length[scored[by_length]]  # [n_scored]
+    # Each micro-batch stops at its longest response: a padding column costs a full forward and backward and changes
+    # nothing (its mask is 0). Rollouts of similar length waste the least; whole groups run their prompt once
+    # (token_logprobs shares it). fastpath.micro_batches takes whichever order computes fewer columns.
+    rows = torch.nonzero(scored).squeeze(1)  # [n_scored]
+    micro_batches = fastpath.micro_batches(lengths, rows, torch.arange(N, device=rows.device) // G, P,
+                                           args.micro_batch_size)
     stats = {"policy_term": 0.0, "kl": 0.0, "clip_low": 0.0, "clip_high": 0.0, "grad_norm": 0.0,
              "nonfinite_updates": 0}
     if args.dual_clip is not None:
@@ -292,8 +294,7 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, 
         # outermost region ends, and the weights change only at the optimizer step, so the copies are made once
         # here, not per micro-batch. The loss and its backward run with autocast off, inside it, as before.
         with sample.autocast(args.device, args.bf16):
-            for s in range(0, len(by_length), args.micro_batch_size):
-                mb = by_length[s:s + args.micro_batch_size]  # [n] rollouts of similar length
+            for mb in micro_batches:  # [n] rollouts
                 t = int(lengths[mb].max())  # the micro-batch's longest response: the columns after it are padding
                 logp = sample.token_logprobs(model, ids[mb, :P + t], attn[mb, :P + t], P, args.temperature,
                                              groups=mb // G)  # [n, t]; a group's prompt runs once

@@ -216,6 +216,28 @@ def decode_attention(q, k, v, bias, scaling: float):
     return torch.matmul(weights, v).view(A, 1, H * D)  # [A, 1, H*D]
 
 
+def micro_batches(lengths: torch.Tensor, rows: torch.Tensor, groups: torch.Tensor, prompt_len: int,
+                  size: int) -> list:
+    """rows [n] (indices into lengths [N], the response lengths, and groups [N], which prompt each rollout has) in
+    micro-batches of at most `size`, in whichever of two orders computes fewer columns: a micro-batch runs each of
+    its distinct prompts once (token_logprobs shares them) and each row up to its longest response. Rows by length
+    waste the least padding; whole groups, ordered by their longest response, run each prompt once where groups fit
+    in a micro-batch. At the bench's 8 x 8 (prompts of about 130 tokens, responses of 30-40) rows by length put 5-8
+    groups in each micro-batch of 16: 1.6x the columns of whole groups. The first order wins a tie."""
+    by_length = rows[lengths[rows].argsort(stable=True)]  # [n]
+    longest = torch.zeros(int(groups.max()) + 1, dtype=lengths.dtype, device=lengths.device).scatter_reduce(
+        0, groups[rows], lengths[rows], "amax")  # [groups] each group's longest response among the rows
+    key = (longest[groups[rows]] * len(longest) + groups[rows]) * (int(lengths.max()) + 1) + lengths[rows]  # [n]
+    by_group = rows[key.argsort(stable=True)]  # [n] groups whole, shortest first; by length inside a group
+
+    def split(order):
+        return [order[s:s + size] for s in range(0, len(order), size)]
+
+    def columns(mbs):
+        return sum(len(torch.unique(groups[mb])) * prompt_len + len(mb) * int(lengths[mb].max()) for mb in mbs)
+    return min(split(by_length), split(by_group), key=columns)
+
+
 def prompt_prefill(decoder, input_ids, attention_mask, positions, prompt_len: int, groups: torch.Tensor,
                    embeds: torch.Tensor = None):
     """The forward of each distinct prompt, once. Rows with the same value in groups [N] share their first

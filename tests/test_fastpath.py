@@ -214,6 +214,25 @@ def test_token_logprobs_take_target_logprobs_over_a_large_vocabulary(base, monke
     assert_grads_close(out[None][1], out[False][1], rel=1e-6, what="TargetLogprobs")
 
 
+def test_micro_batches_take_every_row_once_in_the_order_of_fewer_columns():
+    # train.update's micro-batches: every scored row exactly once (the accumulated gradient is the same sum), at
+    # most `size` rows each, in the cheaper of two orders. Columns = distinct prompts x P + rows x longest response.
+    groups = torch.arange(16) // 4  # [16] 4 groups of 4
+    rows = torch.tensor([0, 1, 2, 3, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15])  # rows 4 and 7 not scored
+    # every group's rows 10-13 tokens long, prompts of 100: by length each micro-batch of 4 holds rows of 3-4 groups
+    # (14 prompt runs, 1,400 + 4 x 4 x ~12 columns); whole groups, the shortest longest first (group 1's rows are 11
+    # and 12: groups 1, 0, 2, 3 with 2, 4, 4, 4 rows) hold 2, 2, 2, 1 groups (700 + about the same)
+    lengths = torch.tensor([10, 11, 12, 13] * 4)  # [16]
+    got = fastpath.micro_batches(lengths, rows, groups, 100, 4)
+    assert sorted(torch.cat(got).tolist()) == rows.tolist() and all(len(mb) <= 4 for mb in got)
+    assert [len(set(groups[mb].tolist())) for mb in got] == [2, 2, 2, 1]
+    # prompts of 2, each group's rows 1, 30, 2 and 29 long: by length (whole groups would pad every short row to 30)
+    lengths = torch.tensor([1, 30, 2, 29] * 4)  # [16]
+    got = fastpath.micro_batches(lengths, rows, groups, 2, 4)
+    assert sorted(torch.cat(got).tolist()) == rows.tolist() and all(len(mb) <= 4 for mb in got)
+    assert [int(lengths[mb].max()) for mb in got] == [2, 29, 30, 30]  # 1 1 1 2 | 2 2 2 29 | 29 29 30 30 | 30 30
+
+
 def test_draw_lands_on_the_inverse_cdf_id_and_keeps_the_frequencies(monkeypatch):
     # above INVERSE_CDF_VOCAB ids, draw() takes the id where u x total falls in the running sum of the row (two levels:
     # the block, then the id inside it): against the plain search over the whole running sum in float64
