@@ -170,7 +170,7 @@ def start(args, ckpt) -> Run:
     state = checkpoint.load_state(ckpt) if ckpt else None
     model, tokenizer, ref_model, adapters = models.load_policy(args, ckpt, state and state.get("adapter"), world)
     # fused: one pass over each weight's state instead of one per operation (on this project's CPU the 0.5B's step
-    # took 1.9 s against 3.8 s, docs/LOG.md 2026-11-26); the same update up to float32 rounding
+    # took 1.6 s against 4.2 s, docs/LOG.md 2026-11-26, fourth session); the same update up to float32 rounding
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, betas=(0.9, 0.99),
                                   weight_decay=0.0, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(args.warmup_steps, 1)))
