@@ -237,7 +237,8 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
     final transform (LOGIT_TRANSFORMS: Gemma2's soft-capping, Cohere's scale, ...) gets one forward of its own
     instead, its logits for the response columns whole ([N, T, V]), without chunks or a shared prompt.
     Prompts are shared only where fastpath.shares_prompts(model) (a plain full-attention cache). Over a vocabulary
-    above 4,096 ids each chunk's log-softmax is fastpath.TargetLogprobs, the same numbers; fast=False keeps it plain.
+    above fastpath.LARGE_VOCAB ids each chunk's log-softmax is fastpath.TargetLogprobs, the same numbers; fast=False
+    keeps it plain.
     """
     P, pos, decoder = prompt_len, position_ids(attention_mask), model.get_decoder()  # pos [N, P + T]
     targets = input_ids[:, P:]  # [N, T]

@@ -709,8 +709,8 @@ def test_a_checkpoints_files_have_the_runs_permissions(base, tmp_path):
 
 def test_a_checkpoint_of_an_unfused_adamw_resumes_fused_with_the_same_updates():
     # checkpoints saved before train.py's AdamW was fused hold param groups that say fused=None: restore_run keeps the
-    # resuming run's fused AdamW (its step counts made float32 tensors beside the weights), and the next update is
-    # the one the saving run's AdamW would have made
+    # resuming run's fused AdamW, and the next update is the one the saving run's AdamW would have made. (Moving the
+    # step counts beside the weights matters on a GPU only: on a CPU they are float32 CPU tensors either way.)
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(5, 3))
     kw = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.0)

@@ -219,9 +219,9 @@ def test_micro_batches_take_every_row_once_in_the_order_of_fewer_columns():
     # most `size` rows each, in the cheaper of two orders. Columns = distinct prompts x P + rows x longest response.
     groups = torch.arange(16) // 4  # [16] 4 groups of 4
     rows = torch.tensor([0, 1, 2, 3, 5, 6, 8, 9, 10, 11, 12, 13, 14, 15])  # rows 4 and 7 not scored
-    # every group's rows 10-13 tokens long, prompts of 100: by length each micro-batch of 4 holds rows of 3-4 groups
-    # (14 prompt runs, 1,400 + 4 x 4 x ~12 columns); whole groups, the shortest longest first (group 1's rows are 11
-    # and 12: groups 1, 0, 2, 3 with 2, 4, 4, 4 rows) hold 2, 2, 2, 1 groups (700 + about the same)
+    # every group's rows 10-13 tokens long, prompts of 100: by length the micro-batches of 4 hold rows of 3, 4, 4, 2
+    # groups (13 prompt runs: 1,300 + 14 rows x ~12 columns); whole groups, the shortest longest first (group 1's rows
+    # are 11 and 12: groups 1, 0, 2, 3 with 2, 4, 4, 4 rows) hold 2, 2, 2, 1 groups (700 + about the same)
     lengths = torch.tensor([10, 11, 12, 13] * 4)  # [16]
     got = fastpath.micro_batches(lengths, rows, groups, 100, 4)
     assert sorted(torch.cat(got).tolist()) == rows.tolist() and all(len(mb) <= 4 for mb in got)

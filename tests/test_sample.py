@@ -145,7 +145,9 @@ def test_one_autocast_region_per_update_casts_each_weight_once_with_the_same_gra
     # off inside it: autocast keeps its copy of a weight until its outermost region ends, so each weight is cast
     # once an update, not once a micro-batch (and again for the output layer's recomputation in the backward: on a
     # CPU, where the backward runs on this thread; CUDA's runs on a thread of its own, with its own cache).
-    # The gradients must be those of a region per micro-batch: the same bf16 copies, made once.
+    # The gradients must be those of a region per micro-batch: the same bf16 copies, made once. This loop is the
+    # test's own: it checks torch's behaviour train.update relies on (a torch that cleared the cache inside the region,
+    # or gave a cached copy a stale gradient, fails it); tests/test_train.py checks train.update itself.
     model, tok = base
     torch.manual_seed(0)
     out = sample.generate(model, prompts(tok, 4, seed=5), n=2, max_new_tokens=12, temperature=1.0,
