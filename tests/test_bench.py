@@ -22,8 +22,9 @@ def rows(table, part: str) -> list:
 
 
 def test_the_default_path_prints_every_part(base, capsys):
-    table = bench.main(FEW + ["--trl"])  # the tiny default, every part
-    out = capsys.readouterr().out
+    table = bench.main(FEW + ["--trl", "--trl-prompts", "4"])  # the tiny default, every part; TRL at a smaller size
+    captured = capsys.readouterr()
+    out = captured.out
     assert out.splitlines()[0].startswith("bench: --model tiny") and "TRL GRPOTrainer" in out
     machine = rows(table, "machine")
     assert len(machine) == 6 and all(r[2].endswith("FLOP/s") or r[2].endswith("B/s") for r in machine)
@@ -43,6 +44,10 @@ def test_the_default_path_prints_every_part(base, capsys):
     trl = rows(table, "trl")
     installed = importlib.util.find_spec("trl") is not None  # a skip row only where TRL is not installed
     assert len(trl) == 1 and (trl[0][4].startswith("ours/TRL") if installed else trl[0][1].startswith("skipped"))
+    # ours ran again at TRL's size, in its own train.py, and the row compares that run's step with TRL's
+    assert "bench: grpo at 4 prompts x 8, for TRL's comparison: " in captured.err
+    assert not installed or (trl[0][1].startswith("TRL GRPOTrainer, 4 prompts x 8") and
+                             trl[0][3] != f"ours grpo {float(step[0][2]):.3f}")
     llama = rows(table, "llama.cpp")  # a skip row: llama-cpp-python is not installed, or the tiny model has no GGUF
     assert len(llama) == 1 and llama[0][1].startswith("skipped: --model tiny has no GGUF file"
                                                        if importlib.util.find_spec("llama_cpp")
@@ -58,6 +63,7 @@ def test_a_run_that_fails_is_a_row(base):
 @pytest.mark.parametrize("flags, named", [
     (["--parts", ""], "--parts: unknown part ''"), (["--threads", "0"], "--threads 0: must be at least 1"),
     (["--threads", "99999"], "--threads 99999: must be at least 1 and at most this machine's"),
+    (["--trl-prompts", "0"], "--trl-prompts 0: TRL's prompts a step, at least 1"),
 ])
 def test_bad_flags_are_one_line_before_any_part_runs(monkeypatch, capsys, flags, named):
     monkeypatch.setattr(bench, "run_cpu", lambda *a, **k: pytest.fail("a part ran"))
@@ -95,7 +101,8 @@ def test_a_trl_step_that_fails_is_a_failure_and_a_missing_trl_a_skip(monkeypatch
             raise raised
         monkeypatch.setattr(trl_step, "trl_seconds", trl_seconds)
         table = tables.Table("t")
-        trl_step.trl_rows(table, None, workload.Setting(()), {})
+        w = types.SimpleNamespace(args=types.SimpleNamespace(prompts_per_step=2, group_size=2))
+        trl_step.trl_rows(table, w, workload.Setting(()), {}, lambda: None, (), "grpo", THREADS)
         what = table.rows[0][1]
         assert what.startswith("failed: RuntimeError: [enforce fail" if failed else "skipped: No module named 'trl'")
         assert bool(table.failures) == failed  # before, a torch error in TRL's step was a skip, and bench passed

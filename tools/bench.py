@@ -16,7 +16,8 @@ limits that decoding reaches), oar-p (OAR-P's
 weights of two rollouts through oar.batch_weights, each perturbed copy from its token on against each over every
 column after its prompt, taking turns), steps (train.py in its
 own process for grpo and each token rule of methods.RULES, the methods taking turns: seconds a step, split into
-sampling, advantage and training; training MFU), trl (--trl: TRL's GRPOTrainer at the same setting), llama
+sampling, advantage and training; training MFU), trl (--trl: TRL's GRPOTrainer at the same setting, or
+at the setting's fewer prompts a step, ours run again at them), llama
 (llama.cpp on the model's GGUF file, for reference only; skipped when llama_cpp is not installed). What each model
 is benchmarked on (its data, batch, lengths, temperature, grader, steps and repetitions) is
 benchparts/workload.py's SETTINGS.
@@ -85,8 +86,9 @@ def run_cpu(args, chosen: list, parts: list, table_out=None) -> Table:
         if rows.get(chosen[0]):
             training_mfu(table, w, chosen[0], rows[chosen[0]], limits)
     if "trl" in parts:
-        w.model = models.load_model(a.model, world=w.problems.dataset.world)[0].to(a.device)
-        trl_rows(table, w, setting, rows)
+        def load():  # after ours has run again at TRL's size, if it had to: one model in memory at a time
+            w.model = models.load_model(a.model, world=w.problems.dataset.world)[0].to(a.device)
+        trl_rows(table, w, setting, rows, load, flags, chosen[0], args.threads)
     if "llama" in parts:
         llama_rows(table, w, args.threads, ours)
     return table
@@ -113,6 +115,9 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=None, help="runs a method, taking turns (default: the setting's)")
     p.add_argument("--repeat", type=int, default=None, help="the sampler's timed repetitions (default: the "
                                                             "setting's)")
+    p.add_argument("--trl-prompts", type=int, default=None, help="prompts a step of the TRL comparison, ours run "
+                                                                 "again at it (default: the model's setting: 2 for "
+                                                                 "Qwen2.5, whose TRL step at 8 outgrows 24 GB)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: train.py's)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch, here and in every train.py run "
                                                              "(default: torch's choice; on a shared machine pass what "
@@ -123,6 +128,8 @@ def main(argv=None):
     parts = args.parts.split(",") if args.parts is not None else [x for x in known if x != "trl" or args.trl]
     if args.trl and args.gpu:
         p.error("--trl: TRL's GRPOTrainer is a part of the benchmark of --model, not of --gpu")
+    if args.trl_prompts is not None and args.trl_prompts < 1:
+        p.error(f"--trl-prompts {args.trl_prompts}: TRL's prompts a step, at least 1")
     if args.trl and "trl" not in parts:
         parts.append("trl")
     for x in parts:

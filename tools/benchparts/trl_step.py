@@ -5,6 +5,7 @@ import sys
 import tempfile
 import time
 
+from tools.benchparts.steps import step_medians, train_run
 from tools.benchparts.table import Table, median, progress
 from tools.benchparts.workload import Setting, Workload
 
@@ -13,8 +14,8 @@ class TRLMissing(Exception):
     """TRL is not installed: its row is a skip, not a failure."""
 
 
-def trl_seconds(w: Workload, steps: int, warmup: int) -> float:
-    """Seconds a step of TRL's GRPOTrainer at the workload's setting: B prompts x G completions a step (one optimizer
+def trl_seconds(w: Workload, steps: int, warmup: int, prompts: int) -> float:
+    """Seconds a step of TRL's GRPOTrainer at the workload's setting: `prompts` x G completions a step (one optimizer
     step per B x G), the same length limit, temperature (top-k and top-p off), learning rate, precision, grader and
     problems (train.py's, in its order), beta 0, and the base's loss and rewards as scaling/trl_grpo.py gives them
     to TRL (G5's aggregation, D1's clip, DAPO's rewards). TRL's defaults otherwise, but gradient checkpointing off,
@@ -29,7 +30,7 @@ def trl_seconds(w: Workload, steps: int, warmup: int) -> float:
     except ImportError as e:
         raise TRLMissing(f"{e}: pip install -r requirements/trl.txt (measured with trl 1.16.0)") from None
     a = w.args
-    qs = w.problems.draw(random.Random(a.seed), a.prompts_per_step * steps)
+    qs = w.problems.draw(random.Random(a.seed), prompts * steps)
     data = Dataset.from_list([{"prompt": q["prompt"], "answer": q["answer"]} for q in qs])
 
     times = []
@@ -42,7 +43,7 @@ def trl_seconds(w: Workload, steps: int, warmup: int) -> float:
             times.append(time.perf_counter() - self.t0)
 
     with tempfile.TemporaryDirectory() as d:
-        rollouts = a.prompts_per_step * a.group_size
+        rollouts = prompts * a.group_size
         micro = max(k for k in range(1, min(a.micro_batch_size, rollouts) + 1) if rollouts % k == 0)
         # train.py's micro-batch: TRL's per-device batch, accumulated to the step's rollouts (sampled at once)
         cfg = GRPOConfig(output_dir=d, per_device_train_batch_size=micro,
@@ -60,20 +61,33 @@ def trl_seconds(w: Workload, steps: int, warmup: int) -> float:
     return median(times[warmup:])
 
 
-def trl_rows(table: Table, w: Workload, setting: Setting, ours: dict):
-    """TRL's seconds a step, against our first method's."""
-    progress(f"TRL GRPOTrainer, {setting.steps} steps")
+def trl_rows(table: Table, w: Workload, setting: Setting, ours: dict, load, flags, method: str, threads):
+    """TRL's seconds a step, against our first method's (`ours`, from the steps part). Where the setting gives TRL
+    fewer prompts a step (setting.trl_prompts), ours runs again at that size first, in its own process as the steps
+    part runs it, and then `load()` puts the model in w.model for TRL."""
+    prompts = setting.trl_prompts or w.args.prompts_per_step
+    size = f"{prompts} prompts x {w.args.group_size}"
+    mine = dict(ours).get(method)
+    if prompts != w.args.prompts_per_step:
+        records, error = train_run(tuple(flags) + ("--prompts-per-step", str(prompts)), method, setting.steps, threads,
+                                   f"{method} at {size}, for TRL's comparison")
+        records = [x for x in records if "time_step" in x][setting.warmup:]
+        if not records:
+            table.fail("trl", f"ours ({method}) at {size}: failed: {error}")
+            return
+        mine = step_medians(records)
+    progress(f"TRL GRPOTrainer, {setting.steps} steps at {size}")
+    load()
     try:
-        t = trl_seconds(w, setting.steps, setting.warmup)
+        t = trl_seconds(w, setting.steps, setting.warmup, prompts)
     except TRLMissing as e:
         table.row("trl", f"skipped: {e}")
         return
     except Exception as e:  # a TRL step that fails is a result bench must not pass as a skip
         table.fail("trl", f"failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return
-    mine = next(iter(ours.values()), None) if ours else None
     timed = f"step {setting.steps}" if setting.steps == setting.warmup + 1 else \
         f"median of steps {setting.warmup + 1}-{setting.steps}"
-    table.row("trl", f"TRL GRPOTrainer: s/step ({timed})", f"{t:.3f}",
-              f"ours {next(iter(ours))} {mine['time_step']:.3f}" if mine else "",
+    table.row("trl", f"TRL GRPOTrainer, {size}: s/step ({timed})", f"{t:.3f}",
+              f"ours {method} {mine['time_step']:.3f}" if mine else "",
               f"ours/TRL {mine['time_step'] / t:.2f}" if mine else "")

@@ -18,13 +18,16 @@ class Setting:
     warm-up, how many runs each method gets (taking turns; with more than one a first run is thrown away, since a
     first process after an idle spell runs slower), the sampler's timed repetitions, and the flags added for a rule
     that runs one forward per reasoning token (methods.Rule.scoring "forward": OAR-P), which at real lengths would
-    take most of the benchmark's time. The defaults are a real model's (see SETTINGS)."""
+    take most of the benchmark's time, and the prompts a step of TRL's comparison (0: the setting's own; fewer where
+    TRL's step at the setting's batch outgrows the machine: ours then runs again at TRL's size, in the same run).
+    The defaults are a real model's (see SETTINGS)."""
     flags: tuple
     steps: int = 2
     warmup: int = 1
     rounds: int = 1
     repeat: int = 1
     short: tuple = ()
+    trl_prompts: int = 0
 
 
 # The SmolLM2 recipe (docs/real-models.md): 8 prompts x 8 rollouts, 40 new tokens, temperature 0.5. Real models are
@@ -44,9 +47,13 @@ SETTINGS = {
     "smollm2-135m": Setting(("--dataset", "arith") + RECIPE, short=SHORT),
     # about 5x (0.5B) and 13x (1.5B) SmolLM2's work: one and three hours on 2 cores. Micro-batches of 16: at 64
     # rows a micro-batch the 0.5B's train.py reached 18.7-19.5 GB resident in its second step and, with the bench's
-    # own process beside it, the machine's 24 GB ran out (docs/LOG.md, 2026-11-26; --dry-run plans 29.8 GiB)
-    "qwen2.5-coder-0.5b": Setting(("--dataset", "gsm8k") + RECIPE + ("--micro-batch-size", "16"), short=SHORT),
-    "qwen2.5-coder-1.5b": Setting(("--dataset", "gsm8k") + RECIPE + ("--micro-batch-size", "16"), short=SHORT),
+    # own process beside it, the machine's 24 GB ran out (docs/LOG.md, 2026-11-26; --dry-run plans 29.8 GiB). TRL's
+    # GRPOTrainer at 8 x 8 was killed at 24.4 GB resident, with per-device batches of 64 and of 16 (same entry): it
+    # is compared at 2 x 8
+    "qwen2.5-coder-0.5b": Setting(("--dataset", "gsm8k") + RECIPE + ("--micro-batch-size", "16"), short=SHORT,
+                                  trl_prompts=2),
+    "qwen2.5-coder-1.5b": Setting(("--dataset", "gsm8k") + RECIPE + ("--micro-batch-size", "16"), short=SHORT,
+                                  trl_prompts=2),
 }
 OTHER = Setting(("--dataset", "arith") + RECIPE, short=SHORT)  # any other model: problems made here, no files needed
 # train.py evaluates at step 0 and at its last step, and saves a checkpoint at its last, whatever these say: none in
@@ -112,10 +119,11 @@ def gives_length(train_args) -> bool:
 
 
 def overridden(setting: Setting, args) -> Setting:
-    """The setting with the counts given on the command line (--steps, --warmup, --rounds, --repeat); one line and
-    exit where they leave no step to time."""
+    """The setting with the counts given on the command line (--steps, --warmup, --rounds, --repeat, --trl-prompts);
+    one line and exit where they leave no step to time."""
     import dataclasses
-    given = {k: getattr(args, k) for k in ("steps", "warmup", "rounds", "repeat") if getattr(args, k) is not None}
+    given = {k: getattr(args, k) for k in ("steps", "warmup", "rounds", "repeat", "trl_prompts")
+             if getattr(args, k, None) is not None}
     s = dataclasses.replace(setting, **given)
     if s.steps <= s.warmup or min(s.rounds, s.repeat) < 1 or s.warmup < 0:
         sys.exit(f"bench.py: --steps {s.steps} --warmup {s.warmup} --rounds {s.rounds} --repeat {s.repeat}: a run's "
