@@ -14,13 +14,8 @@ class TRLMissing(Exception):
     """TRL is not installed: its row is a skip, not a failure."""
 
 
-def trl_seconds(w: Workload, steps: int, warmup: int, prompts: int) -> float:
-    """Seconds a step of TRL's GRPOTrainer at the workload's setting: `prompts` x G completions a step (one optimizer
-    step per B x G), the same length limit, temperature (top-k and top-p off), learning rate, precision, grader and
-    problems (train.py's, in its order), beta 0, and the base's loss and rewards as scaling/trl_grpo.py gives them
-    to TRL (G5's aggregation, D1's clip, DAPO's rewards). TRL's defaults otherwise, but gradient checkpointing off,
-    as ours is (TRL turns it on). Timed from step begin to step end by a callback; the median after the warm-up. It
-    trains w.model in place."""
+def trl_modules():
+    """What the TRL step needs, imported; TRLMissing where TRL is not installed."""
     try:
         from datasets import Dataset
         from transformers import TrainerCallback
@@ -29,6 +24,17 @@ def trl_seconds(w: Workload, steps: int, warmup: int, prompts: int) -> float:
         from scaling import trl_grpo
     except ImportError as e:
         raise TRLMissing(f"{e}: pip install -r requirements/trl.txt (measured with trl 1.16.0)") from None
+    return Dataset, TrainerCallback, GRPOConfig, GRPOTrainer, trl_grpo
+
+
+def trl_seconds(w: Workload, steps: int, warmup: int, prompts: int) -> float:
+    """Seconds a step of TRL's GRPOTrainer at the workload's setting: `prompts` x G completions a step (one optimizer
+    step per B x G), the same length limit, temperature (top-k and top-p off), learning rate, precision, grader and
+    problems (train.py's, in its order), beta 0, and the base's loss and rewards as scaling/trl_grpo.py gives them
+    to TRL (G5's aggregation, D1's clip, DAPO's rewards). TRL's defaults otherwise, but gradient checkpointing off,
+    as ours is (TRL turns it on). Timed from step begin to step end by a callback; the median after the warm-up. It
+    trains w.model in place."""
+    Dataset, TrainerCallback, GRPOConfig, GRPOTrainer, trl_grpo = trl_modules()
     a = w.args
     qs = w.problems.draw(random.Random(a.seed), prompts * steps)
     data = Dataset.from_list([{"prompt": q["prompt"], "answer": q["answer"]} for q in qs])
@@ -68,6 +74,11 @@ def trl_rows(table: Table, w: Workload, setting: Setting, ours: dict, load, flag
     prompts = setting.trl_prompts or w.args.prompts_per_step
     size = f"{prompts} prompts x {w.args.group_size}"
     mine = dict(ours).get(method)
+    try:
+        trl_modules()  # before ours runs again for it
+    except TRLMissing as e:
+        table.row("trl", f"skipped: {e}")
+        return
     if prompts != w.args.prompts_per_step:
         records, error = train_run(tuple(flags) + ("--prompts-per-step", str(prompts)), method, setting.steps, threads,
                                    f"{method} at {size}, for TRL's comparison")
