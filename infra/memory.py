@@ -47,13 +47,15 @@ def release_freed_memory():
         pass
 
 
-def reset_peak(device: str):
-    """Start a new peak: torch's counter on CUDA; on Linux the resident set's high-water mark (clear_refs 5). Where
-    that cannot be done, the next peak is the peak so far."""
+def reset_peak(device: str, release: bool = True):
+    """Start a new peak: torch's counter on CUDA; on Linux the resident set's high-water mark (clear_refs 5), after
+    the freed memory goes back to the system where `release`. Where that cannot be done, the next peak is the peak
+    so far."""
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
         return
-    release_freed_memory()
+    if release:
+        release_freed_memory()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -65,18 +67,27 @@ class Peaks:
     """The peak memory of each phase of an RL step, by the plan's names (memory_plan): sampling, the advantage (OAR
     scores with the policy; the reference's log-probs), the training forward and backward, the optimizer step.
     Each phase's peak is read at its end and the counter reset, so that every figure is its own phase's (a phase
-    that runs twice, as with --mu 2, keeps its larger figure); `run` is the largest of all so far."""
+    that runs twice, as with --mu 2, keeps its larger figure); `run` is the largest of all so far.
+
+    On the CPU the freed memory goes back to the system at each phase's end of a process's first step only (what
+    tools/memcheck.py compares with the plan), so that its figures are the phase's own. Later steps' figures also
+    hold what glibc kept of earlier phases, as the process does: giving it back costs every next phase its page
+    faults again, about a fifth of SmolLM2's training pass (docs/LOG.md, 2026-11-26, fifth session)."""
     PHASES = {"sampling": "sampling", "advantage": "advantage", "training": "training forward and backward",
               "optimizer": "optimizer step"}
 
+    EXACT_STEPS = 1  # the steps of a process whose phases start from released memory
+
     def __init__(self, device: str, rss_at_start: int):
         self.device, self.base, self.step, self.run, self.current = device, rss_at_start, {}, 0, None
+        self.steps = 0  # started in this process
         self.seen = {}  # what the plan depends on, once the step knows it (the prompt length): logged with the peaks
 
     def start(self):
         """A new step: its phases' figures start empty."""
         self.step, self.current, self.seen = {}, next(iter(self.PHASES)), {}
-        reset_peak(self.device)
+        self.steps += 1
+        reset_peak(self.device, self.steps <= self.EXACT_STEPS)
 
     def end(self, phase: str):
         peak = peak_memory_bytes(self.device, self.base)
@@ -84,7 +95,7 @@ class Peaks:
         self.run = max(self.run, peak)
         names = list(self.PHASES)
         self.current = names[(names.index(phase) + 1) % len(names)]  # the phase in progress, for out_of_memory
-        reset_peak(self.device)
+        reset_peak(self.device, self.steps <= self.EXACT_STEPS)
 
     def record(self) -> dict:
         """The step's figures for metrics.jsonl, in GiB: peak_memory_gib (the run's so far) and peak_PHASE_gib."""
