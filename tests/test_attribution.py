@@ -198,3 +198,49 @@ def test_rescore_adds_a_rule_to_the_located_lines_as_a_run_with_it_would_have(ba
     assert [again[k] for k in left] == [stripped[k] for k in left]
     assert [x for k, x in enumerate(again) if k not in left and "rollout" in x] == \
         [x for k, x in enumerate(whole) if k not in left and "rollout" in x]
+
+
+def test_a_rule_scoring_each_rollout_runs_on_the_wanted_rows_and_the_shortest_right_one(base, monkeypatch):
+    # blames() for OAR-P (a forward per reasoning token) with rows=[0] of a group of four, two right answers of
+    # different lengths: it perturbs row 0's reasoning and the shorter right one's only (the longer one's weights
+    # would not be read), and row 0's blame is the whole group's (a rollout's OAR-P weights are its own)
+    import data
+    import oar
+    p = attribution.parser()
+    args = p.parse_args(["--model", "tiny", "--dataset", "tiny", "--threads", str(THREADS), "--rules", "oar-p"])
+    args.max_new_tokens = data.dataset("tiny").max_new_tokens
+    world = attribution.World(attribution.check(p, args))
+    problem = {"question": "1+1+1", "answer": "3"}
+    prompt = world.tok(data.dataset("tiny").prompt(world.tok, problem))["input_ids"]
+    texts = ["1+1=4\n4+1=6\n\\boxed{6}", "1+1=2\n2+1=3\n2+1=3\n\\boxed{3}", "1+1=1\n1+1=1\n\\boxed{1}",
+             "1+1=2\n2+1=3\n\\boxed{3}"]
+    responses = [world.tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    batch = attribution.scored_batch(world, prompt, responses)
+    correct = [False, True, False, True]
+    perturbed, scores = [], oar.perturbation_scores
+    monkeypatch.setattr(oar, "perturbation_scores", lambda *a, **k: perturbed.append(int(a[3].sum())) or scores(*a, **k))
+    part = attribution.blames(world, batch, problem, correct, ["oar-p"], rows=[0])["oar-p"]
+    reasoning = [oar.reasoning_length(world.piece_list(r)) for r in responses]  # [12, 18, 12, 12]: before "\boxed{"
+    assert reasoning[1] > reasoning[3] and sum(perturbed) == reasoning[0] + reasoning[3]  # 12 + 12, not + 18
+    perturbed.clear()
+    whole = attribution.blames(world, batch, problem, correct, ["oar-p"])["oar-p"]
+    assert sum(perturbed) == sum(reasoning)  # the whole group: every row, 54
+    # to float32's last bits, which the rows batched beside it move: a KL that barely moves the answer is a
+    # difference of nearly equal log-probs, and O4's normalisation spreads that (up to 1e-3 here)
+    assert part[0].abs().sum() > 0 and torch.allclose(part[0], whole[0], atol=1e-2)
+
+
+def test_a_rescore_under_oar_p_limit_stops_drawing_groups_once_the_limit_is_met(base, tmp_path, monkeypatch):
+    # rollouts located in two or more problems; --rescore --rules oar-p --oar-p-limit 1: the first problem with one
+    # gets OAR-P (all of its located rollouts: a problem is scored whole), and no later block is drawn again
+    out = tmp_path / "att"
+    flags = ["--model", "tiny", "--dataset", "tiny", "--limit", "4", "--n", "4", "--threads", str(THREADS),
+             "--group-batch", "1", "--out", str(out)]
+    attribution.main(flags + ["--rules", "none"])
+    located = sorted({x["problem"] for x in map(json.loads, open(out / "rollouts.jsonl")) if "rollout" in x})
+    assert len(located) >= 2
+    drawn, draw = [], attribution.sample_groups
+    monkeypatch.setattr(attribution, "sample_groups", lambda w, first, ps: drawn.append(first) or draw(w, first, ps))
+    attribution.main(flags + ["--rules", "oar-p", "--oar-p-limit", "1", "--rescore"])
+    rows = [x for x in map(json.loads, open(out / "rollouts.jsonl")) if "rollout" in x]
+    assert drawn == located[:1] and {x["problem"] for x in rows if "oar-p" in x["blame"]} == set(located[:1])

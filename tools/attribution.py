@@ -154,11 +154,13 @@ def blames(world: World, batch: dict, problem: dict, correct: list, rules: list,
     temperature). rows: the rollouts whose blame is wanted (None: all). A rule that scores each rollout alone with
     the model (methods.Rule.scoring: OAR, GRAIL) runs on those rows and one right rollout only, which keeps their
     advantages' signs: its weights of a rollout depend on that rollout alone (the TRL path splits them so too), and
-    OAR-P's forward per response token would otherwise be spent on rollouts no one reads."""
+    OAR-P's forward per response token would otherwise be spent on rollouts no one reads. That right rollout is
+    the shortest: its weights are not read either, and OAR-P's cost grows as the square of a rollout's length."""
     mask = batch["response_mask"]
     out = {"position": torch.arange(mask.shape[1], dtype=torch.float).expand(mask.shape),
            "surprisal": -batch["logprobs"]}
-    keep = None if rows is None else torch.tensor(sorted(rows) + [correct.index(True)])  # [k + 1]
+    shortest_right = lambda: min((i for i, c in enumerate(correct) if c), key=lambda i: int(mask[i].sum()))  # noqa
+    keep = None if rows is None else torch.tensor(sorted(rows) + [shortest_right()])  # [k + 1]
     for rule in rules:
         args = rule_settings(world, rule)
         sub = methods.RULES[rule].scoring and keep is not None
@@ -322,6 +324,8 @@ def rescore(world: World, path: str, lines: list, blocks: list):
     print(f"rescoring {sum(1 for x in lines if 'rollout' in x and missing(x))} located rollouts: {len(todo)} blocks "
           f"of {a.group_batch} problems drawn again")
     for block in tqdm(todo, desc="blocks"):
+        if not any("rollout" in x and x["problem"] in block and missing(x) for x in lines):
+            continue  # --oar-p-limit reached in an earlier block: nothing to draw this one again for
         groups = sample_groups(world, block[0], [world.problems[i] for i in block])
         for i in block:
             mine = [x for x in lines if "rollout" in x and x["problem"] == i and missing(x)]
