@@ -27,7 +27,10 @@ def test_the_default_path_prints_every_part(base, capsys):
     out = captured.out
     assert out.splitlines()[0].startswith("bench: --model tiny") and "TRL GRPOTrainer" in out
     machine = rows(table, "machine")
-    assert len(machine) == 6 and all(r[2].endswith("FLOP/s") or r[2].endswith("B/s") for r in machine)
+    assert len(machine) == 7 and all(r[2].endswith("FLOP/s") or r[2].endswith("B/s") for r in machine)
+    # the train-shape product in the run's precision (float32 on the tiny default) read again after the steps
+    first = next(r for r in machine if r[1].startswith("float32 matmul, train shape ["))
+    assert machine[-1][1] == f"float32 matmul, train shape again, after the steps (before: {first[2]})"
     sampler = rows(table, "sampler")
     assert [r[1].split(":")[0] for r in sampler] == ["greedy", "sampled at 1", "sampled at 1, one sequence at a time",
                                                      "decoding", "decoding"]
@@ -41,6 +44,9 @@ def test_the_default_path_prints_every_part(base, capsys):
     names = [r[1].split(":")[0] for r in step]
     assert names[:len(steps.default_methods())] == steps.default_methods()  # each rule, from the table
     assert all(float(r[2]) > 0 for r in step[:len(names) - 1]) and "training MFU" in step[-1][1]
+    flop_s = lambda cell: float(cell.split()[0]) * {"T": 1e12, "G": 1e9, "M": 1e6, "k": 1e3}[cell.split()[1][0]]  # noqa: E731
+    assert step[-1][1].endswith(", float32, of the higher reading")  # the MFU: of the higher of the two readings
+    assert step[-1][3] == max([first[2], machine[-1][2]], key=flop_s)
     trl = rows(table, "trl")
     installed = importlib.util.find_spec("trl") is not None  # a skip row only where TRL is not installed
     assert len(trl) == 1 and (trl[0][4].startswith("ours/TRL") if installed else trl[0][1].startswith("skipped"))

@@ -55,14 +55,15 @@ def bandwidth(device: str, gib: float) -> dict:
 def machine_rows(table: Table, cfg, decode_rows: int, train_tokens: int, device: str, gib: float) -> dict:
     """The machine's own limits at the model's shapes, measured now: the MLP's up projection [rows, H] x [H, I] at
     the decode batch and at a training micro-batch's tokens, in float32 and bf16, and the memory bandwidth.
-    Returns {"float32"/"bfloat16": {"decode"/"train": FLOP/s}, "read"/"copy": bytes/s}."""
+    Returns {"float32"/"bfloat16": {"decode"/"train": FLOP/s}, "read"/"copy": bytes/s, "shapes": {"decode"/"train":
+    (rows, H, I)}, "device": device}: what again() reads to measure a product a second time."""
     import torch
     H, I = cfg.hidden_size, cfg.intermediate_size
-    limits = {}
+    limits = {"shapes": {"decode": (decode_rows, H, I), "train": (train_tokens, H, I)}, "device": device}
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).split(".")[1]
         limits[name] = {}
-        for shape, rows in (("decode", decode_rows), ("train", train_tokens)):
+        for shape, (rows, _, _) in limits["shapes"].items():
             limits[name][shape] = matmul_rate(rows, H, I, dtype, device)
             ratio = limits[name][shape] / limits["float32"][shape]
             table.row("machine", f"{name} matmul, {shape} shape [{rows} x {H}] x [{H} x {I}]",
@@ -72,3 +73,15 @@ def machine_rows(table: Table, cfg, decode_rows: int, train_tokens: int, device:
     table.row("machine", f"memory bandwidth, reading {gib:g} GiB (a sum)", rate(bw["read"], "B/s"))
     table.row("machine", f"memory bandwidth, copying {gib:g} GiB (read + write)", rate(bw["copy"], "B/s"))
     return {**limits, **bw}
+
+
+def again(table: Table, limits: dict, precision: str, shape: str) -> float:
+    """The product of machine_rows at `shape` in `precision` measured a second time, as a row beside the first
+    reading: on a shared host one reading moved 245-397 GFLOP/s within an hour (docs/LOG.md, 2026-11-26), so a
+    share of it taken from one reading alone can be off by a third. Returns the FLOP/s."""
+    import torch
+    rows, H, I = limits["shapes"][shape]
+    got = matmul_rate(rows, H, I, getattr(torch, precision), limits["device"])
+    table.row("machine", f"{precision} matmul, {shape} shape again, after the steps (before: "
+                         f"{rate(limits[precision][shape], 'FLOP/s')})", rate(got, "FLOP/s"))
+    return got
