@@ -314,8 +314,15 @@ def test_profile_step_prints_the_pass_and_its_top_operators(base, capsys):
     profile_step.main(["--model", "tiny", "--threads", "1", "--repeat", "1", "--top", "5"])
     out = capsys.readouterr().out
     head = out.splitlines()[0]
-    assert head.startswith("tiny, float32, 1 thread(s): 64 rows x (") and "GFLOP/s of model FLOPs" in head
+    assert head.startswith("tiny, float32, sdpa attention, 1 thread(s): 64 rows x (") and "GFLOP/s of model" in head
     assert "aten::mm" in out  # the products are among the top operators
+    # --numerics: sampled responses' log-probs by kernel and precision against float32 sdpa's: float32 eager agrees
+    # to float32's last bits, bf16's rounding moves them by orders of magnitude more
+    got = {what: v for what, *v in profile_step.main(["--model", "tiny", "--threads", "1", "--numerics"])}
+    assert list(got) == ["float32, eager", "bf16 autocast, sdpa (train.py's)", "bf16 autocast, eager",
+                         "the sampler's own"]
+    assert got["float32, eager"][3] < 1e-4 and min(got["bf16 autocast, sdpa (train.py's)"][0],
+                                                   got["bf16 autocast, eager"][0]) > 100 * got["float32, eager"][0]
 
 
 def test_training_flops_counts_six_a_weight_a_token_and_prompts_without_the_output_layer():

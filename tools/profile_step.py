@@ -4,10 +4,14 @@ FLOP/s. For the speed work of issue 39: what keeps bf16 training below the machi
 
     python -m tools.profile_step --model qwen2.5-coder-0.5b --threads 2           # bf16 autocast, this CPU's default
     python -m tools.profile_step --model smollm2-135m --threads 2 -- --no-bf16    # more train.py flags after --
+    python -m tools.profile_step --model smollm2-135m --threads 2 --attention eager   # HF's eager attention
+    python -m tools.profile_step --model smollm2-135m --threads 2 --numerics          # log-probs by kernel
 
 The micro-batch is what benchparts/workload.py's setting of the model trains on (its prompts, G, the length limit),
 the responses random tokens of full length: a pass's cost depends on the shapes, not on the words. One pass warms
-up, then --repeat passes are profiled.
+up, then --repeat passes are profiled. --numerics profiles nothing: it samples the setting's responses with our
+sampler (as train.py does) and prints how far each pass's log-probs of them are from float32 SDPA's (the attention
+kernels differ in speed on a CPU; a faster one is worth nothing if it moves the numbers the loss reads).
 """
 import argparse
 import time
@@ -47,18 +51,62 @@ def one_pass(w, b: dict):
     w.model.zero_grad(set_to_none=True)
 
 
+def numerics(w) -> list:
+    """|delta log-prob| of sampled response tokens against the float32 SDPA pass, for each kernel and precision
+    and for the sampler's own log-probs: [(what, mean, median, p99, max)]."""
+    a, G = w.args, w.args.group_size
+    w.model.eval()
+    torch.manual_seed(0)
+    prompts = w.prompts[:a.prompts_per_step]
+    with sample.autocast(a.device, a.bf16):
+        b = sample.generate(w.model, prompts, n=G, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                            eos_id=w.tok.eos_token_id, pad_id=w.tok.pad_token_id)
+    ids, attn, P, m = b["input_ids"], b["attention_mask"], b["prompt_len"], b["response_mask"].bool()  # [N, L], [N, T]
+
+    def logp(kernel: str, bf16: bool) -> torch.Tensor:  # [N, T], one micro-batch at a time as train.update
+        w.model.set_attn_implementation(kernel)
+        rows, out = torch.arange(len(ids)), []
+        with torch.no_grad(), sample.autocast(a.device, bf16):
+            for s in range(0, len(ids), a.micro_batch_size):
+                mb = rows[s:s + a.micro_batch_size]
+                out.append(sample.token_logprobs(w.model, ids[mb], attn[mb], P, a.temperature, groups=mb // G).float())
+        return torch.cat(out)
+
+    ref = logp("sdpa", False)
+    got = {"float32, eager": logp("eager", False), "bf16 autocast, sdpa (train.py's)": logp("sdpa", True),
+           "bf16 autocast, eager": logp("eager", True), "the sampler's own": b["logprobs"].float()}
+    w.model.set_attn_implementation("sdpa")
+    out = []
+    for what, x in got.items():
+        d = (x - ref)[m].abs()  # [response tokens]
+        q = torch.quantile(d, torch.tensor([0.5, 0.99]))
+        out.append((what, d.mean().item(), q[0].item(), q[1].item(), d.max().item()))
+    print(f"{int(m.sum())} sampled response tokens of {len(ids)} rollouts; |delta log-prob| against float32, sdpa:")
+    print(f"{'pass':36s} {'mean':>9s} {'median':>9s} {'p99':>9s} {'max':>9s}")
+    for what, *v in out:
+        print(f"{what:36s} " + " ".join(f"{x:9.2e}" for x in v))
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="tiny")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--repeat", type=int, default=2, help="passes profiled after one warm-up pass")
     p.add_argument("--top", type=int, default=20, help="operators listed")
+    p.add_argument("--attention", default="sdpa", choices=["sdpa", "eager"],
+                   help="the model's attention kernel for the profiled pass (default: sdpa, train.py's)")
+    p.add_argument("--numerics", action="store_true", help="no profile: the log-probs of sampled responses by kernel "
+                                                           "and precision, against float32 sdpa")
     p.add_argument("train_args", nargs="*", help="more train.py flags, after --")
     args = p.parse_args(argv)
     cpu.setup(args.threads)
     setting = SETTINGS.get(args.model, OTHER)
     w = load_workload(args.model, (*BENCH_FLAGS, *setting.flags, *args.train_args))
     a = w.args
+    if args.numerics:
+        return numerics(w)
+    w.model.set_attn_implementation(args.attention)
     w.model.train()
     rows = min(a.micro_batch_size, a.prompts_per_step * a.group_size)
     b = batch(w, rows, a.max_new_tokens)
@@ -70,7 +118,8 @@ def main(argv=None):
         seconds = (time.perf_counter() - t0) / args.repeat
     P, T = b["prompt_len"], a.max_new_tokens
     flops = training_flops(w.config, rows * T, -(-rows // a.group_size) * P)  # a group's prompt runs once
-    print(f"{args.model}, {'bf16 autocast' if a.bf16 else 'float32'}, {torch.get_num_threads()} thread(s): {rows} "
+    print(f"{args.model}, {'bf16 autocast' if a.bf16 else 'float32'}, {args.attention} attention, "
+          f"{torch.get_num_threads()} thread(s): {rows} "
           f"rows x ({P} prompt + {T} response) tokens, a forward and backward in {seconds:.2f} s, "
           f"{flops / seconds / 1e9:.1f} GFLOP/s of model FLOPs (profiler on)")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=48))
