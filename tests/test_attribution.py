@@ -217,8 +217,9 @@ def test_a_rule_scoring_each_rollout_runs_on_the_wanted_rows_and_the_shortest_ri
     responses = [world.tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     batch = attribution.scored_batch(world, prompt, responses)
     correct = [False, True, False, True]
-    perturbed, scores = [], oar.perturbation_scores
-    monkeypatch.setattr(oar, "perturbation_scores", lambda *a, **k: perturbed.append(int(a[3].sum())) or scores(*a, **k))
+    perturbed, scores = [], oar.perturbation_scores  # the reasoning tokens each call perturbs: a[3] is its mask
+    monkeypatch.setattr(oar, "perturbation_scores", lambda *a, **k: perturbed.append(int(a[3].sum())) or
+                        scores(*a, **k))
     part = attribution.blames(world, batch, problem, correct, ["oar-p"], rows=[0])["oar-p"]
     reasoning = [oar.reasoning_length(world.piece_list(r)) for r in responses]  # [12, 18, 12, 12]: before "\boxed{"
     assert reasoning[1] > reasoning[3] and sum(perturbed) == reasoning[0] + reasoning[3]  # 12 + 12, not + 18

@@ -44,7 +44,8 @@ def test_the_default_path_prints_every_part(base, capsys):
     names = [r[1].split(":")[0] for r in step]
     assert names[:len(steps.default_methods())] == steps.default_methods()  # each rule, from the table
     assert all(float(r[2]) > 0 for r in step[:len(names) - 1]) and "training MFU" in step[-1][1]
-    flop_s = lambda cell: float(cell.split()[0]) * {"T": 1e12, "G": 1e9, "M": 1e6, "k": 1e3}[cell.split()[1][0]]  # noqa: E731
+    scale = {"T": 1e12, "G": 1e9, "M": 1e6, "k": 1e3}
+    flop_s = lambda cell: float(cell.split()[0]) * scale[cell.split()[1][0]]  # "33.9 GFLOP/s" -> 3.39e10  # noqa
     assert step[-1][1].endswith(", float32, of the higher reading")  # the MFU: of the higher of the two readings
     assert step[-1][3] == max([first[2], machine[-1][2]], key=flop_s)
     trl = rows(table, "trl")

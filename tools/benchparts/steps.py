@@ -92,10 +92,10 @@ def step_rows(table: Table, flags, chosen: list, setting: Setting, threads) -> d
 
 
 def training_mfu(table: Table, w: Workload, method: str, r: dict, limits: dict):
-    """Training MFU of a method's step: model FLOPs a second over the matmul peak at the training shape in the
-    precision used, the higher of its readings before and after the steps (workload.training_flops), over the
-    tokens trained on: the responses of the rollouts of the
-    groups that mixed right and wrong (1 - zero_adv_groups of them) and each of those groups' prompt once."""
+    """Training MFU of a method's step: model FLOPs a second (workload.training_flops) over the matmul peak at the
+    training shape in the precision used, the higher of its readings before and after the steps, over the tokens
+    trained on: the responses of the rollouts of the groups that mixed right and wrong (1 - zero_adv_groups of
+    them) and each of those groups' prompt once."""
     if not limits:
         return
     a = w.args
