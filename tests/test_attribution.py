@@ -245,3 +245,8 @@ def test_a_rescore_under_oar_p_limit_stops_drawing_groups_once_the_limit_is_met(
     attribution.main(flags + ["--rules", "oar-p", "--oar-p-limit", "1", "--rescore"])
     rows = [x for x in map(json.loads, open(out / "rollouts.jsonl")) if "rollout" in x]
     assert drawn == located[:1] and {x["problem"] for x in rows if "oar-p" in x["blame"]} == set(located[:1])
+    # the report: every rule on all the located rollouts, then every rule again on the ones OAR-P scored
+    scored = sum("oar-p" in x["blame"] for x in rows)
+    text = (out / "table.md").read_text()
+    assert f"**the same, on the {scored} rollouts every rule scored**" in text and scored < len(rows)
+    assert text.split("every rule scored**")[1].count(f"| none | {scored} | max |") == 1

@@ -466,7 +466,11 @@ def report(out: str, lines: list, world_task: bool, seconds: float = None) -> st
             f"a rollout")
     if seconds:
         head += f"; {seconds / len(rows):.1f} s a located rollout"
-    text = [head, "", table(summarise(rows), "against the first wrong step (Monte Carlo, F3)")]
+    summary = summarise(rows)
+    text = [head, "", table(summary, "against the first wrong step (Monte Carlo, F3)")]
+    common = [r for r in rows if set(r["scores"]) == set(summary)]
+    if 0 < len(common) < len(rows):  # a rule scored on a subset (--oar-p-limit): every rule on those rollouts too
+        text += ["", table(summarise(common), f"the same, on the {len(common)} rollouts every rule scored")]
     if world_task:
         exact = [r for r in rows if r.get("exact_step") is not None]
         same = sum(r["exact_step"] == r["first_wrong_step"] for r in exact)
@@ -475,7 +479,7 @@ def report(out: str, lines: list, world_task: bool, seconds: float = None) -> st
                     f"{same / len(exact):.3f}, within one step {near / len(exact):.3f}, missed "
                     f"{1 - near / len(exact):.3f}")
         text += ["", table(summarise(exact, "scores_exact"), "against the exact first error (toyworld/credit.py)")]
-    plot(summarise(rows), os.path.join(out, "auc.png"), f"first-wrong-step AUC, {len(rows)} rollouts (95 % CI)")
+    plot(summary, os.path.join(out, "auc.png"), f"first-wrong-step AUC, {len(rows)} rollouts (95 % CI)")
     page(rows, os.path.join(out, "rollouts.html"), "first wrong step and each rule's blame")
     return "\n".join(text)
 
