@@ -30,7 +30,7 @@ def test_the_default_path_prints_every_part(base, capsys):
     assert len(machine) == 7 and all(r[2].endswith("FLOP/s") or r[2].endswith("B/s") for r in machine)
     # the train-shape product in the run's precision (float32 on the tiny default) read again after the steps
     first = next(r for r in machine if r[1].startswith("float32 matmul, train shape ["))
-    assert machine[-1][1] == f"float32 matmul, train shape again, after the steps (before: {first[2]})"
+    assert machine[-1][1:4] == ("float32 matmul, train shape, after the steps", machine[-1][2], f"before {first[2]}")
     sampler = rows(table, "sampler")
     assert [r[1].split(":")[0] for r in sampler] == ["greedy", "sampled at 1", "sampled at 1, one sequence at a time",
                                                      "decoding", "decoding"]
@@ -46,8 +46,7 @@ def test_the_default_path_prints_every_part(base, capsys):
     assert all(float(r[2]) > 0 for r in step[:len(names) - 1]) and "training MFU" in step[-1][1]
     scale = {"T": 1e12, "G": 1e9, "M": 1e6, "k": 1e3}
     flop_s = lambda cell: float(cell.split()[0]) * scale[cell.split()[1][0]]  # "33.9 GFLOP/s" -> 3.39e10  # noqa
-    assert step[-1][1].endswith(", float32, of the higher reading")  # the MFU: of the higher of the two readings
-    assert step[-1][3] == max([first[2], machine[-1][2]], key=flop_s)
+    assert step[-1][1].endswith(", float32") and step[-1][3] == max([first[2], machine[-1][2]], key=flop_s)
     trl = rows(table, "trl")
     installed = importlib.util.find_spec("trl") is not None  # a skip row only where TRL is not installed
     assert len(trl) == 1 and (trl[0][4].startswith("ours/TRL") if installed else trl[0][1].startswith("skipped"))
@@ -322,8 +321,9 @@ def test_profile_step_prints_the_pass_and_its_top_operators(base, capsys):
     got = {what: v for what, *v in profile_step.main(["--model", "tiny", "--threads", "1", "--numerics"])}
     assert list(got) == ["float32, eager", "bf16 autocast, sdpa (train.py's)", "bf16 autocast, eager",
                          "the sampler's own"]
-    assert got["float32, eager"][3] < 1e-4 and min(got["bf16 autocast, sdpa (train.py's)"][0],
-                                                   got["bf16 autocast, eager"][0]) > 100 * got["float32, eager"][0]
+    # eager ran: its sums run in another order than SDPA's, so its float32 log-probs differ in the last bits
+    assert 0 < got["float32, eager"][3] < 1e-4 and min(got["bf16 autocast, sdpa (train.py's)"][0],
+                                                       got["bf16 autocast, eager"][0]) > 100 * got["float32, eager"][0]
 
 
 def test_training_flops_counts_six_a_weight_a_token_and_prompts_without_the_output_layer():

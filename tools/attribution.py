@@ -321,8 +321,9 @@ def rescore(world: World, path: str, lines: list, blocks: list):
         full = a.oar_p_limit is not None and forward >= a.oar_p_limit
         return [r for r in a.rules if r not in x["blame"] and not (full and is_forward([r]))]
     todo = [b for b in blocks if any("rollout" in x and x["problem"] in b and missing(x) for x in lines)]
+    limit = " at most (--oar-p-limit)" if a.oar_p_limit is not None else ""
     print(f"rescoring {sum(1 for x in lines if 'rollout' in x and missing(x))} located rollouts: {len(todo)} blocks "
-          f"of {a.group_batch} problems drawn again")
+          f"of {a.group_batch} problems drawn again{limit}")
     for block in tqdm(todo, desc="blocks"):
         if not any("rollout" in x and x["problem"] in block and missing(x) for x in lines):
             continue  # --oar-p-limit reached in an earlier block: nothing to draw this one again for

@@ -63,19 +63,26 @@ def numerics(w) -> list:
                             eos_id=w.tok.eos_token_id, pad_id=w.tok.pad_token_id)
     ids, attn, P, m = b["input_ids"], b["attention_mask"], b["prompt_len"], b["response_mask"].bool()  # [N, L], [N, T]
 
+    lengths = m.sum(-1)  # [N]
+
     def logp(kernel: str, bf16: bool) -> torch.Tensor:  # [N, T], one micro-batch at a time as train.update
         w.model.set_attn_implementation(kernel)
-        rows, out = torch.arange(len(ids)), []
+        rows, out = torch.arange(len(ids)), torch.zeros(m.shape)
         with torch.no_grad(), sample.autocast(a.device, bf16):
             for s in range(0, len(ids), a.micro_batch_size):
                 mb = rows[s:s + a.micro_batch_size]
-                out.append(sample.token_logprobs(w.model, ids[mb], attn[mb], P, a.temperature, groups=mb // G).float())
-        return torch.cat(out)
+                t = int(lengths[mb].max())  # cut to the micro-batch's longest response, as train.update does
+                out[mb, :t] = sample.token_logprobs(w.model, ids[mb, :P + t], attn[mb, :P + t], P, a.temperature,
+                                                    groups=mb // G).float()  # [n, t]
+        return out
 
-    ref = logp("sdpa", False)
-    got = {"float32, eager": logp("eager", False), "bf16 autocast, sdpa (train.py's)": logp("sdpa", True),
-           "bf16 autocast, eager": logp("eager", True), "the sampler's own": b["logprobs"].float()}
-    w.model.set_attn_implementation("sdpa")
+    kernel = w.model.config._attn_implementation  # the model's own ("sdpa": HF's default, what train.py runs)
+    try:
+        ref = logp("sdpa", False)
+        got = {"float32, eager": logp("eager", False), "bf16 autocast, sdpa (train.py's)": logp("sdpa", True),
+               "bf16 autocast, eager": logp("eager", True), "the sampler's own": b["logprobs"].float()}
+    finally:
+        w.model.set_attn_implementation(kernel)
     out = []
     for what, x in got.items():
         d = (x - ref)[m].abs()  # [response tokens]

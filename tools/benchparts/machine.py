@@ -76,12 +76,12 @@ def machine_rows(table: Table, cfg, decode_rows: int, train_tokens: int, device:
 
 
 def again(table: Table, limits: dict, precision: str, shape: str) -> float:
-    """The product of machine_rows at `shape` in `precision` measured a second time, as a row beside the first
-    reading: on a shared host one reading moved 245-397 GFLOP/s within an hour (docs/LOG.md, 2026-11-26), so a
-    share of it taken from one reading alone can be off by a third. Returns the FLOP/s."""
+    """The product of machine_rows at `shape` in `precision` measured a second time, as a row against the first
+    reading: on this shared host Qwen2.5-0.5B's bf16 train-shape product read 244.8-384.2 GFLOP/s on one day
+    (docs/LOG.md, 2026-11-26), so a share of one reading alone can be off by a third. Returns the FLOP/s."""
     import torch
     rows, H, I = limits["shapes"][shape]
-    got = matmul_rate(rows, H, I, getattr(torch, precision), limits["device"])
-    table.row("machine", f"{precision} matmul, {shape} shape again, after the steps (before: "
-                         f"{rate(limits[precision][shape], 'FLOP/s')})", rate(got, "FLOP/s"))
+    got, before = matmul_rate(rows, H, I, getattr(torch, precision), limits["device"]), limits[precision][shape]
+    table.row("machine", f"{precision} matmul, {shape} shape, after the steps", rate(got, "FLOP/s"),
+              f"before {rate(before, 'FLOP/s')}", f"{got / before:.2f}x")
     return got

@@ -105,5 +105,5 @@ def training_mfu(table: Table, w: Workload, method: str, r: dict, limits: dict):
     flops = training_flops(w.config, responses, prompts) / r["time_train"]
     precision = "bfloat16" if a.bf16 else "float32"
     peak = max(limits[precision]["train"], again(table, limits, precision, "train"))  # the machine's, not a neighbour's
-    table.row("step", f"{method} training MFU ({responses + prompts:,.0f} tokens a step), {precision}, of the higher "
-                      f"reading", rate(flops, "FLOP/s"), rate(peak, "FLOP/s"), f"{100 * flops / peak:.0f} %")
+    table.row("step", f"{method} training MFU ({responses + prompts:,.0f} tokens a step), {precision}",
+              rate(flops, "FLOP/s"), rate(peak, "FLOP/s"), f"{100 * flops / peak:.0f} %")
