@@ -316,6 +316,13 @@ def test_profile_step_prints_the_pass_and_its_top_operators(base, capsys):
     head = out.splitlines()[0]
     assert head.startswith("tiny, float32, sdpa attention, 1 thread(s): 64 rows x (") and "GFLOP/s of model" in head
     assert "aten::mm" in out  # the products are among the top operators
+    # --attention picks the pass's kernel: SDPA's flash operator in the profile, or eager's softmax and none of it
+    profile_step.main(["--model", "tiny", "--threads", "1", "--repeat", "1", "--top", "80"])
+    assert "scaled_dot_product_flash_attention" in capsys.readouterr().out
+    profile_step.main(["--model", "tiny", "--threads", "1", "--repeat", "1", "--top", "80", "--attention", "eager"])
+    out = capsys.readouterr().out
+    assert out.startswith("tiny, float32, eager attention") and "aten::_softmax_backward_data" in out
+    assert "scaled_dot_product" not in out
     # --numerics: sampled responses' log-probs by kernel and precision against float32 sdpa's: float32 eager agrees
     # to float32's last bits, bf16's rounding moves them by orders of magnitude more
     got = {what: v for what, *v in profile_step.main(["--model", "tiny", "--threads", "1", "--numerics"])}
