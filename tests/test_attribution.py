@@ -251,3 +251,10 @@ def test_a_rescore_under_oar_p_limit_stops_drawing_groups_once_the_limit_is_met(
     text = (out / "table.md").read_text()
     assert f"**the same, on the {scored} rollouts every rule scored**" in text and scored < len(rows)
     assert text.split("every rule scored**")[1].count(f"| none | {scored} | max |") == 1
+    # none on the rollouts OAR-P scored: no rollout has every rule, and the report says so instead of a table
+    lines = [json.loads(x) for x in open(out / "rollouts.jsonl")]
+    for x in lines:
+        if "oar-p" in x.get("blame", {}):
+            del x["blame"]["none"], x["scores"]["none"]
+    text = attribution.report(str(out), lines, world_task=False)
+    assert "no rollout was scored by every rule" in text and "every rule scored**" not in text

@@ -470,8 +470,9 @@ def report(out: str, lines: list, world_task: bool, seconds: float = None) -> st
     summary = summarise(rows)
     text = [head, "", table(summary, "against the first wrong step (Monte Carlo, F3)")]
     common = [r for r in rows if set(r["scores"]) == set(summary)]
-    if 0 < len(common) < len(rows):  # a rule scored on a subset (--oar-p-limit): every rule on those rollouts too
-        text += ["", table(summarise(common), f"the same, on the {len(common)} rollouts every rule scored")]
+    if len(common) < len(rows):  # a rule scored on a subset (--oar-p-limit): every rule on those rollouts too
+        text += ["", table(summarise(common), f"the same, on the {len(common)} rollouts every rule scored")
+                 if common else "(no rollout was scored by every rule: no table of them all on the same rollouts)"]
     if world_task:
         exact = [r for r in rows if r.get("exact_step") is not None]
         same = sum(r["exact_step"] == r["first_wrong_step"] for r in exact)
