@@ -258,3 +258,9 @@ def test_a_rescore_under_oar_p_limit_stops_drawing_groups_once_the_limit_is_met(
             del x["blame"]["none"], x["scores"]["none"]
     text = attribution.report(str(out), lines, world_task=False)
     assert "no rollout was scored by every rule" in text and "every rule scored**" not in text
+
+
+def test_the_figure_names_a_rule_scored_on_a_subset_with_its_count():
+    # the title counts the most rollouts (29); OAR-P under --oar-p-limit scored 21 of them, its tick says so
+    summary = {"none": {"n": 29}, "ktae": {"n": 29}, "oar-p": {"n": 21}}
+    assert attribution.tick_labels(summary) == ["none", "ktae", "oar-p\n(21 rollouts)"]

@@ -384,6 +384,13 @@ def table(summary: dict, title: str) -> str:
     return "\n".join(lines)
 
 
+def tick_labels(summary: dict) -> list:
+    """A rule's name, with its count where it scored fewer rollouts than the most (OAR-P under --oar-p-limit): the
+    figure's title gives the most, and a subset's interval is wider for it."""
+    most = max(s["n"] for s in summary.values())
+    return [r if s["n"] == most else f"{r}\n({s['n']} rollouts)" for r, s in summary.items()]
+
+
 def plot(summary: dict, path: str, title: str):
     import matplotlib
     matplotlib.use("Agg")
@@ -396,7 +403,7 @@ def plot(summary: dict, path: str, title: str):
         ax.errorbar(x, mean, yerr=[[m - lo for m, lo in zip(mean, low)], [hi - m for m, hi in zip(mean, high)]],
                     fmt="os"[k], capsize=3, label=f"step blame: {how} of its tokens")
     ax.axhline(0.5, color="grey", linestyle=":", linewidth=1, label="chance (uniform blame)")
-    ax.set_xticks(range(len(rules)), rules, rotation=20)
+    ax.set_xticks(range(len(rules)), tick_labels(summary), rotation=20)
     ax.set_ylabel("first-wrong-step AUC")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, axis="y")
