@@ -243,11 +243,15 @@ def test_a_rescore_under_oar_p_limit_stops_drawing_groups_once_the_limit_is_met(
     assert len(located) >= 2
     drawn, draw = [], attribution.sample_groups
     monkeypatch.setattr(attribution, "sample_groups", lambda w, first, ps: drawn.append(first) or draw(w, first, ps))
+    ticks, labels = [], attribution.tick_labels  # what the figure's x axis was given
+    monkeypatch.setattr(attribution, "tick_labels", lambda summary: ticks.append(labels(summary)) or ticks[-1])
     attribution.main(flags + ["--rules", "oar-p", "--oar-p-limit", "1", "--rescore"])
     rows = [x for x in map(json.loads, open(out / "rollouts.jsonl")) if "rollout" in x]
     assert drawn == located[:1] and {x["problem"] for x in rows if "oar-p" in x["blame"]} == set(located[:1])
-    # the report: every rule on all the located rollouts, then every rule again on the ones OAR-P scored
+    # the figure names OAR-P's subset under its tick; the rules on every rollout (the baselines) stand bare
     scored = sum("oar-p" in x["blame"] for x in rows)
+    assert ticks and f"oar-p\n({scored} rollouts)" in ticks[-1] and "position" in ticks[-1]
+    # the report: every rule on all the located rollouts, then every rule again on the ones OAR-P scored
     text = (out / "table.md").read_text()
     assert f"**the same, on the {scored} rollouts every rule scored**" in text and scored < len(rows)
     assert text.split("every rule scored**")[1].count(f"| none | {scored} | max |") == 1

@@ -386,7 +386,7 @@ def table(summary: dict, title: str) -> str:
 
 def tick_labels(summary: dict) -> list:
     """A rule's name, with its count where it scored fewer rollouts than the most (OAR-P under --oar-p-limit): the
-    figure's title gives the most, and a subset's interval is wider for it."""
+    most is the title's count, since the baselines score every located rollout, and a subset's interval is wider."""
     most = max(s["n"] for s in summary.values())
     return [r if s["n"] == most else f"{r}\n({s['n']} rollouts)" for r, s in summary.items()]
 
