@@ -430,7 +430,7 @@ def test_a_second_run_cannot_write_into_a_locked_directory(tmp_path):
 
 # ---- a non-finite step never reaches the weights; metrics stay JSON --------------------------------------------------
 
-# every update is skipped, so the schedule steps with no optimizer step before it: torch's warning is this test's point
+# every update is skipped, so the schedule steps with no optimizer step before it and torch warns: expected here
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")
 def test_a_nan_step_is_skipped_and_counted(base, tmp_path, monkeypatch):
     model, _ = base
