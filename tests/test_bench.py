@@ -13,6 +13,7 @@ import reward
 from conftest import THREADS, assert_close
 from tools import bench
 from tools.benchparts import gpu, llamacpp, sampler, steps, table as tables, workload
+from tools.benchparts.machine import DISTINCT
 
 FEW = ["--threads", str(THREADS), "--steps", "2", "--warmup", "1", "--rounds", "1", "--repeat", "1"]
 
@@ -27,13 +28,16 @@ def test_the_default_path_prints_every_part(base, capsys):
     out = captured.out
     assert out.splitlines()[0].startswith("bench: --model tiny") and "TRL GRPOTrainer" in out
     machine = rows(table, "machine")
-    assert len(machine) == 7 and all(r[2].endswith("FLOP/s") or r[2].endswith("B/s") for r in machine)
+    assert len(machine) == 9 and all(r[2].endswith("FLOP/s") or r[2].endswith("B/s") for r in machine)
+    distinct = [r for r in machine if "distinct weights" in r[1]]  # the decode shape again, in each precision
+    assert [r[1].split()[0] for r in distinct] == ["float32", "bfloat16"] and all(r[4].endswith("x") for r in distinct)
     # the train-shape product in the run's precision (float32 on the tiny default) read again after the steps
     first = next(r for r in machine if r[1].startswith("float32 matmul, train shape ["))
     assert machine[-1][1:4] == ("float32 matmul, train shape, after the steps", machine[-1][2], f"before {first[2]}")
     sampler = rows(table, "sampler")
     assert [r[1].split(":")[0] for r in sampler] == ["greedy", "sampled at 1", "sampled at 1, one sequence at a time",
-                                                     "decoding", "decoding"]
+                                                     "decoding", "decoding", "decoding"]
+    assert sampler[4][1].endswith(f"over {DISTINCT} weights")
     assert all(r[4].endswith("x") for r in sampler[:2]) and float(sampler[2][2].replace(",", "")) > 0
     assert all(r[4].endswith("%") for r in sampler[3:])
     # OAR-P's two ways: their seconds, and the same weights. O4's min-max enlarges the scores' float differences
@@ -287,7 +291,7 @@ def test_the_gpu_table_on_the_cpu(monkeypatch, capsys):
     table = bench.main(["--gpu", "--device", "cpu", "--methods", "grpo,oar-p"] + FEW)
     out = capsys.readouterr().out
     assert out.startswith("bench --gpu: Qwen2.5-Math-1.5B's configuration, 2 layers")
-    assert len(rows(table, "machine")) == 6
+    assert len(rows(table, "machine")) == 8
     memory = rows(table, "memory")
     for setting in ("recipe", "smaller"):
         phases = [r for r in memory if r[1].startswith(setting + ":")]  # sampling, training, optimizer step

@@ -34,12 +34,20 @@ def seconds_per_call(fn, device: str, min_seconds: float = 0.2, windows: int = 3
     return statistics.median(out)
 
 
-def matmul_rate(rows: int, inner: int, outer: int, dtype, device: str) -> float:
-    """FLOP/s of x W^T, x [rows, inner], W [outer, inner], as nn.Linear computes a projection."""
+# A decode step reads each weight once, while a product repeated on one weight keeps it in the caches: the decode
+# shape is read a second time over this many distinct weights (a 0.5B's layers; on this project's CPU a [896 x 4864]
+# bf16 product read 0.78x as fast so: docs/LOG.md, 2026-11-27), the rate a decode step's products can reach.
+DISTINCT = 24
+
+
+def matmul_rate(rows: int, inner: int, outer: int, dtype, device: str, weights: int = 1) -> float:
+    """FLOP/s of x W^T, x [rows, inner], W [outer, inner], as nn.Linear computes a projection; with weights > 1,
+    over that many distinct W in turn."""
     import torch
     x = torch.randn(rows, inner, device=device).to(dtype)
-    w = torch.randn(outer, inner, device=device).to(dtype)
-    return 2 * rows * inner * outer / seconds_per_call(lambda: torch.nn.functional.linear(x, w), device)
+    ws = [torch.randn(outer, inner, device=device).to(dtype) for _ in range(weights)]
+    return 2 * rows * inner * outer * weights / seconds_per_call(
+        lambda: [torch.nn.functional.linear(x, w) for w in ws], device)
 
 
 def bandwidth(device: str, gib: float) -> dict:
@@ -54,9 +62,10 @@ def bandwidth(device: str, gib: float) -> dict:
 
 def machine_rows(table: Table, cfg, decode_rows: int, train_tokens: int, device: str, gib: float) -> dict:
     """The machine's own limits at the model's shapes, measured now: the MLP's up projection [rows, H] x [H, I] at
-    the decode batch and at a training micro-batch's tokens, in float32 and bf16, and the memory bandwidth.
-    Returns {"float32"/"bfloat16": {"decode"/"train": FLOP/s}, "read"/"copy": bytes/s, "shapes": {"decode"/"train":
-    (rows, H, I)}, "device": device}: what again() reads to measure a product a second time."""
+    the decode batch and at a training micro-batch's tokens, in float32 and bf16, the decode shape again over
+    DISTINCT weights, and the memory bandwidth. Returns {"float32"/"bfloat16": {"decode"/"train"/"decode, distinct":
+    FLOP/s}, "read"/"copy": bytes/s, "shapes": {"decode"/"train": (rows, H, I)}, "device": device}: what again()
+    reads to measure a product a second time."""
     import torch
     H, I = cfg.hidden_size, cfg.intermediate_size
     limits = {"shapes": {"decode": (decode_rows, H, I), "train": (train_tokens, H, I)}, "device": device}
@@ -69,6 +78,9 @@ def machine_rows(table: Table, cfg, decode_rows: int, train_tokens: int, device:
             table.row("machine", f"{name} matmul, {shape} shape [{rows} x {H}] x [{H} x {I}]",
                       rate(limits[name][shape], "FLOP/s"), "float32" if name != "float32" else "",
                       f"{ratio:.2f}x" if name != "float32" else "")
+        limits[name]["decode, distinct"] = got = matmul_rate(decode_rows, H, I, dtype, device, weights=DISTINCT)
+        table.row("machine", f"{name} matmul, decode shape over {DISTINCT} distinct weights, as a decode step reads "
+                  f"them", rate(got, "FLOP/s"), "one weight", f"{got / limits[name]['decode']:.2f}x")
     bw = bandwidth(device, gib)
     table.row("machine", f"memory bandwidth, reading {gib:g} GiB (a sum)", rate(bw["read"], "B/s"))
     table.row("machine", f"memory bandwidth, copying {gib:g} GiB (read + write)", rate(bw["copy"], "B/s"))

@@ -4,7 +4,7 @@ step's attention written out as two matmuls (infra/fastpath.py) against torch's 
 import contextlib
 import time
 
-from tools.benchparts.machine import sync
+from tools.benchparts.machine import DISTINCT, sync
 from tools.benchparts.table import Table, median, progress, rate
 from tools.benchparts.workload import Workload, load_workload, matmul_parameters
 
@@ -101,17 +101,19 @@ def sampler_rows(table: Table, w: Workload, repeat: int, limits: dict) -> dict:
 
 def decoding_shares(table: Table, w: Workload, ours: dict, limits: dict):
     """Our sampled decoding against the machine: model FLOP/s (2 x the multiplying weights x the useful and prompt
-    tokens) over the decode-shape matmul, and the bytes of weights read a second (all of them once a decode step,
-    2 bytes each under --bf16's autocast copies, else 4) over the read bandwidth."""
+    tokens) over the decode-shape matmul (one weight repeated, and DISTINCT weights in turn, as a decode step reads
+    them), and the bytes of weights read a second (all of them once a decode step, 2 bytes each under --bf16's
+    autocast copies, else 4) over the read bandwidth."""
     if not limits:
         return
     n = matmul_parameters(w.config)
     precision = "bfloat16" if w.args.bf16 else "float32"
     prompt = sum(len(p) for p in w.prompts)  # each prompt runs once, without the output layer but for its last token
     flops = 2 * (n["layers"] * (ours["tokens"] + prompt) + n["output layer"] * ours["tokens"]) / ours["seconds"]
-    peak = limits[precision]["decode"]
-    table.row("sampler", f"decoding: model FLOP/s over the {precision} decode matmul", rate(flops, "FLOP/s"),
-              rate(peak, "FLOP/s"), f"{100 * flops / peak:.0f} %")
+    for shape, what in (("decode", ""), ("decode, distinct", f" over {DISTINCT} weights")):
+        peak = limits[precision][shape]
+        table.row("sampler", f"decoding: model FLOP/s over the {precision} decode matmul{what}", rate(flops, "FLOP/s"),
+                  rate(peak, "FLOP/s"), f"{100 * flops / peak:.0f} %")
     weights = ours["steps"] * sum(n.values()) * (2 if w.args.bf16 else 4) / ours["seconds"]
     table.row("sampler", "decoding: weights read a second over the read bandwidth", rate(weights, "B/s"),
               rate(limits["read"], "B/s"), f"{100 * weights / limits['read']:.0f} %")
