@@ -113,17 +113,19 @@ def draw(p: torch.Tensor, block: int = 256) -> torch.Tensor:
     vocabulary; for a large one the inverse CDF, one uniform number a row, in two levels: the block of `block` ids
     it falls in (the blocks' running mass), then the id inside that block. The running sums are float64 (a float32
     running sum over 151,936 ids could move the boundaries by 1e-5 of the mass); a block's own mass, a sum of
-    `block` values, is summed in float32 and then widened: it is as close to exact as p's values are (about 1e-7),
-    and a float64 sum would first cast all of p (18 ms of a 0.5B's decode step at 64 rows; docs/LOG.md, 2026-11-27).
+    `block` values, is summed in float32 and then widened: within about 1e-7 (relative) of its exact sum, as p's
+    float32 values are of theirs; a float64 sum would first cast all of p (18 ms of each next-token pick of a 0.5B
+    at 64 rows; docs/LOG.md, 2026-11-27, eleventh session). Where u falls in that 1e-7 between a block's mass and its
+    ids' own running sum, the block's last id is taken (or, if it has no mass, the row draws again, below).
     The same distribution as multinomial (tests/test_fastpath.py checks the id each number lands on, and the
     frequencies). No copy of p is made: the last block may be short (V need not be a multiple of `block`)."""
     A, V = p.shape
     if V <= INVERSE_CDF_VOCAB:
         return torch.multinomial(p, 1).squeeze(1)
     whole = V // block * block  # the ids in whole blocks
-    mass = p[:, :whole].reshape(A, -1, block).sum(-1).double()  # [A, nb] each block's mass
+    mass = p[:, :whole].reshape(A, -1, block).sum(-1, dtype=torch.float32).double()  # [A, nb] each block's mass
     if whole < V:
-        mass = torch.cat([mass, p[:, whole:].sum(-1, keepdim=True).double()], 1)  # the short one
+        mass = torch.cat([mass, p[:, whole:].sum(-1, keepdim=True, dtype=torch.float32).double()], 1)  # the short one
     mass = mass.cumsum(-1)  # [A, nb] the mass up to each block's end
     nb = mass.shape[1]
     u = torch.rand((A, 1), device=p.device, dtype=torch.float64) * mass[:, -1:]  # [A, 1]
@@ -133,7 +135,7 @@ def draw(p: torch.Tensor, block: int = 256) -> torch.Tensor:
     inner = torch.where(cols < V, p.gather(1, cols.clamp(max=V - 1)), 0).double().cumsum(-1)  # [A, block]
     ids = (k * block + torch.searchsorted(inner, u - before, right=True).clamp(max=block - 1)).squeeze(1)  # [A]
     ids = ids.clamp(max=V - 1)
-    zero = p.gather(1, ids[:, None]).squeeze(1) == 0  # rounding at a boundary (a chance of 1e-16): draw again
+    zero = p.gather(1, ids[:, None]).squeeze(1) == 0  # rounding at a boundary (a chance of about 1e-7): draw again
     if zero.any():
         ids[zero] = torch.multinomial(p[zero], 1).squeeze(1)
     return ids
