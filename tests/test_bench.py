@@ -29,7 +29,7 @@ def test_the_default_path_prints_every_part(base, capsys):
     assert out.splitlines()[0].startswith("bench: --model tiny") and "TRL GRPOTrainer" in out
     machine = rows(table, "machine")
     assert len(machine) == 9 and all(r[2].endswith("FLOP/s") or r[2].endswith("B/s") for r in machine)
-    distinct = [r for r in machine if "distinct weights" in r[1]]  # the decode shape again, in each precision
+    distinct = [r for r in machine if "weights in turn" in r[1]]  # the decode shape again, in each precision
     assert [r[1].split()[0] for r in distinct] == ["float32", "bfloat16"] and all(r[4].endswith("x") for r in distinct)
     # the train-shape product in the run's precision (float32 on the tiny default) read again after the steps
     first = next(r for r in machine if r[1].startswith("float32 matmul, train shape ["))
@@ -37,7 +37,7 @@ def test_the_default_path_prints_every_part(base, capsys):
     sampler = rows(table, "sampler")
     assert [r[1].split(":")[0] for r in sampler] == ["greedy", "sampled at 1", "sampled at 1, one sequence at a time",
                                                      "decoding", "decoding", "decoding"]
-    assert sampler[4][1].endswith(f"over {DISTINCT} weights")
+    assert sampler[4][1].endswith(f"matmul of {DISTINCT} weights")
     assert all(r[4].endswith("x") for r in sampler[:2]) and float(sampler[2][2].replace(",", "")) > 0
     assert all(r[4].endswith("%") for r in sampler[3:])
     # OAR-P's two ways: their seconds, and the same weights. O4's min-max enlarges the scores' float differences

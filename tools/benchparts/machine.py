@@ -79,8 +79,8 @@ def machine_rows(table: Table, cfg, decode_rows: int, train_tokens: int, device:
                       rate(limits[name][shape], "FLOP/s"), "float32" if name != "float32" else "",
                       f"{ratio:.2f}x" if name != "float32" else "")
         limits[name]["decode, distinct"] = got = matmul_rate(decode_rows, H, I, dtype, device, weights=DISTINCT)
-        table.row("machine", f"{name} matmul, decode shape over {DISTINCT} distinct weights, as a decode step reads "
-                  f"them", rate(got, "FLOP/s"), "one weight", f"{got / limits[name]['decode']:.2f}x")
+        table.row("machine", f"{name} matmul, decode shape, {DISTINCT} weights in turn", rate(got, "FLOP/s"),
+                  "one weight", f"{got / limits[name]['decode']:.2f}x")
     bw = bandwidth(device, gib)
     table.row("machine", f"memory bandwidth, reading {gib:g} GiB (a sum)", rate(bw["read"], "B/s"))
     table.row("machine", f"memory bandwidth, copying {gib:g} GiB (read + write)", rate(bw["copy"], "B/s"))

@@ -110,10 +110,11 @@ def decoding_shares(table: Table, w: Workload, ours: dict, limits: dict):
     precision = "bfloat16" if w.args.bf16 else "float32"
     prompt = sum(len(p) for p in w.prompts)  # each prompt runs once, without the output layer but for its last token
     flops = 2 * (n["layers"] * (ours["tokens"] + prompt) + n["output layer"] * ours["tokens"]) / ours["seconds"]
-    for shape, what in (("decode", ""), ("decode, distinct", f" over {DISTINCT} weights")):
+    for shape, what in (("decode", "model FLOP/s over the {} decode matmul"),
+                        ("decode, distinct", f"over the {{}} decode matmul of {DISTINCT} weights")):
         peak = limits[precision][shape]
-        table.row("sampler", f"decoding: model FLOP/s over the {precision} decode matmul{what}", rate(flops, "FLOP/s"),
-                  rate(peak, "FLOP/s"), f"{100 * flops / peak:.0f} %")
+        table.row("sampler", "decoding: " + what.format(precision), rate(flops, "FLOP/s"), rate(peak, "FLOP/s"),
+                  f"{100 * flops / peak:.0f} %")
     weights = ours["steps"] * sum(n.values()) * (2 if w.args.bf16 else 4) / ours["seconds"]
     table.row("sampler", "decoding: weights read a second over the read bandwidth", rate(weights, "B/s"),
               rate(limits["read"], "B/s"), f"{100 * weights / limits['read']:.0f} %")
