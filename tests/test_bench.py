@@ -13,7 +13,7 @@ import reward
 from conftest import THREADS, assert_close
 from tools import bench
 from tools.benchparts import gpu, llamacpp, sampler, steps, table as tables, workload
-from tools.benchparts.machine import DISTINCT
+from tools.benchparts import machine as machine_part
 
 FEW = ["--threads", str(THREADS), "--steps", "2", "--warmup", "1", "--rounds", "1", "--repeat", "1"]
 
@@ -30,14 +30,19 @@ def test_the_default_path_prints_every_part(base, capsys):
     machine = rows(table, "machine")
     assert len(machine) == 9 and all(r[2].endswith("FLOP/s") or r[2].endswith("B/s") for r in machine)
     distinct = [r for r in machine if "weights in turn" in r[1]]  # the decode shape again, in each precision
-    assert [r[1].split()[0] for r in distinct] == ["float32", "bfloat16"] and all(r[4].endswith("x") for r in distinct)
+    layers = base[0].config.num_hidden_layers  # one weight a layer, as a decode step reads them
+    assert [r[1] for r in distinct] == [f"{p} matmul, decode shape, {layers} weights in turn" for p in
+                                        ("float32", "bfloat16")]
     # the train-shape product in the run's precision (float32 on the tiny default) read again after the steps
     first = next(r for r in machine if r[1].startswith("float32 matmul, train shape ["))
     assert machine[-1][1:4] == ("float32 matmul, train shape, after the steps", machine[-1][2], f"before {first[2]}")
     sampler = rows(table, "sampler")
     assert [r[1].split(":")[0] for r in sampler] == ["greedy", "sampled at 1", "sampled at 1, one sequence at a time",
                                                      "decoding", "decoding", "decoding"]
-    assert sampler[4][1].endswith(f"matmul of {DISTINCT} weights")
+    # both shares of the same decoding: over the one-weight product, then over the distinct weights' (float32 here)
+    assert sampler[4][1].endswith(f"float32 matmul, {layers} weights") and sampler[4][2] == sampler[3][2]
+    assert sampler[4][3] == distinct[0][2] and sampler[3][3] == next(
+        r[2] for r in machine if r[1].startswith("float32 matmul, decode shape ["))
     assert all(r[4].endswith("x") for r in sampler[:2]) and float(sampler[2][2].replace(",", "")) > 0
     assert all(r[4].endswith("%") for r in sampler[3:])
     # OAR-P's two ways: their seconds, and the same weights. O4's min-max enlarges the scores' float differences
@@ -280,6 +285,15 @@ def test_length_parity_grader():
     stats = reward.new_stats()
     assert [reward.GRADERS["length-parity"](t, "7", stats) for t in ("ab", "abc", "")] == [True, False, True]
     assert stats["graded"] == 3 and reward.GRADERS["math"]("so \\boxed{7}", "7") is True
+
+
+def test_matmul_rate_counts_every_weight(monkeypatch):
+    # over 5 distinct weights a call runs 5 products of 2 x 2 x 3 x 4 FLOPs: a "second" of them is 240 FLOP/s
+    calls = []
+    monkeypatch.setattr(machine_part, "seconds_per_call", lambda fn, device: (fn(), 1.0)[1])
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w: calls.append(w.shape))
+    assert machine_part.matmul_rate(2, 3, 4, torch.float32, "cpu", weights=5) == 2 * 2 * 3 * 4 * 5
+    assert calls == [(4, 3)] * 5
 
 
 def test_the_gpu_table_on_the_cpu(monkeypatch, capsys):

@@ -34,12 +34,6 @@ def seconds_per_call(fn, device: str, min_seconds: float = 0.2, windows: int = 3
     return statistics.median(out)
 
 
-# A decode step reads each weight once, while a product repeated on one weight keeps it in the caches: the decode
-# shape is read a second time over this many distinct weights (a 0.5B's layers; on this project's CPU a [896 x 4864]
-# bf16 product read 0.78x as fast so: docs/LOG.md, 2026-11-27), the rate a decode step's products can reach.
-DISTINCT = 24
-
-
 def matmul_rate(rows: int, inner: int, outer: int, dtype, device: str, weights: int = 1) -> float:
     """FLOP/s of x W^T, x [rows, inner], W [outer, inner], as nn.Linear computes a projection; with weights > 1,
     over that many distinct W in turn."""
@@ -62,13 +56,19 @@ def bandwidth(device: str, gib: float) -> dict:
 
 def machine_rows(table: Table, cfg, decode_rows: int, train_tokens: int, device: str, gib: float) -> dict:
     """The machine's own limits at the model's shapes, measured now: the MLP's up projection [rows, H] x [H, I] at
-    the decode batch and at a training micro-batch's tokens, in float32 and bf16, the decode shape again over
-    DISTINCT weights, and the memory bandwidth. Returns {"float32"/"bfloat16": {"decode"/"train"/"decode, distinct":
-    FLOP/s}, "read"/"copy": bytes/s, "shapes": {"decode"/"train": (rows, H, I)}, "device": device}: what again()
-    reads to measure a product a second time."""
+    the decode batch and at a training micro-batch's tokens, in float32 and bf16, the decode shape again over as
+    many distinct weights as the model has layers, and the memory bandwidth. Returns {"float32"/"bfloat16":
+    {"decode"/"train"/"decode, distinct": FLOP/s}, "distinct": that count, "read"/"copy": bytes/s, "shapes":
+    {"decode"/"train": (rows, H, I)}, "device": device}: what again() reads to measure a product a second time.
+
+    Why the distinct weights: a product repeated on one weight keeps it in the caches, while a decode step reads
+    every weight once, its layers' in turn; on this project's CPU a 0.5B's [64 x 896] x [896 x 4864] bf16 product
+    read 0.78x as fast over its 24 layers' worth (docs/LOG.md, 2026-11-27, eleventh session). (On a GPU the two
+    rows also differ in synchronizations: one a product, one a round of them.)"""
     import torch
     H, I = cfg.hidden_size, cfg.intermediate_size
-    limits = {"shapes": {"decode": (decode_rows, H, I), "train": (train_tokens, H, I)}, "device": device}
+    limits = {"shapes": {"decode": (decode_rows, H, I), "train": (train_tokens, H, I)}, "device": device,
+              "distinct": cfg.num_hidden_layers}
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).split(".")[1]
         limits[name] = {}
@@ -78,8 +78,9 @@ def machine_rows(table: Table, cfg, decode_rows: int, train_tokens: int, device:
             table.row("machine", f"{name} matmul, {shape} shape [{rows} x {H}] x [{H} x {I}]",
                       rate(limits[name][shape], "FLOP/s"), "float32" if name != "float32" else "",
                       f"{ratio:.2f}x" if name != "float32" else "")
-        limits[name]["decode, distinct"] = got = matmul_rate(decode_rows, H, I, dtype, device, weights=DISTINCT)
-        table.row("machine", f"{name} matmul, decode shape, {DISTINCT} weights in turn", rate(got, "FLOP/s"),
+        n = limits["distinct"]
+        limits[name]["decode, distinct"] = got = matmul_rate(decode_rows, H, I, dtype, device, weights=n)
+        table.row("machine", f"{name} matmul, decode shape, {n} weights in turn", rate(got, "FLOP/s"),
                   "one weight", f"{got / limits[name]['decode']:.2f}x")
     bw = bandwidth(device, gib)
     table.row("machine", f"memory bandwidth, reading {gib:g} GiB (a sum)", rate(bw["read"], "B/s"))

@@ -4,7 +4,7 @@ step's attention written out as two matmuls (infra/fastpath.py) against torch's 
 import contextlib
 import time
 
-from tools.benchparts.machine import DISTINCT, sync
+from tools.benchparts.machine import sync
 from tools.benchparts.table import Table, median, progress, rate
 from tools.benchparts.workload import Workload, load_workload, matmul_parameters
 
@@ -101,7 +101,7 @@ def sampler_rows(table: Table, w: Workload, repeat: int, limits: dict) -> dict:
 
 def decoding_shares(table: Table, w: Workload, ours: dict, limits: dict):
     """Our sampled decoding against the machine: model FLOP/s (2 x the multiplying weights x the useful and prompt
-    tokens) over the decode-shape matmul (one weight repeated, and DISTINCT weights in turn, as a decode step reads
+    tokens) over the decode-shape matmul (one weight repeated, and one weight a layer in turn, as a decode step reads
     them), and the bytes of weights read a second (all of them once a decode step, 2 bytes each under --bf16's
     autocast copies, else 4) over the read bandwidth."""
     if not limits:
@@ -110,11 +110,10 @@ def decoding_shares(table: Table, w: Workload, ours: dict, limits: dict):
     precision = "bfloat16" if w.args.bf16 else "float32"
     prompt = sum(len(p) for p in w.prompts)  # each prompt runs once, without the output layer but for its last token
     flops = 2 * (n["layers"] * (ours["tokens"] + prompt) + n["output layer"] * ours["tokens"]) / ours["seconds"]
-    for shape, what in (("decode", "model FLOP/s over the {} decode matmul"),
-                        ("decode, distinct", f"over the {{}} decode matmul of {DISTINCT} weights")):
+    for shape, what in (("decode", "decode matmul"), ("decode, distinct", f"matmul, {limits['distinct']} weights")):
         peak = limits[precision][shape]
-        table.row("sampler", "decoding: " + what.format(precision), rate(flops, "FLOP/s"), rate(peak, "FLOP/s"),
-                  f"{100 * flops / peak:.0f} %")
+        table.row("sampler", f"decoding: model FLOP/s over the {precision} {what}", rate(flops, "FLOP/s"),
+                  rate(peak, "FLOP/s"), f"{100 * flops / peak:.0f} %")
     weights = ours["steps"] * sum(n.values()) * (2 if w.args.bf16 else 4) / ours["seconds"]
     table.row("sampler", "decoding: weights read a second over the read bandwidth", rate(weights, "B/s"),
               rate(limits["read"], "B/s"), f"{100 * weights / limits['read']:.0f} %")
