@@ -20,10 +20,13 @@ class Setting:
     that runs one forward per reasoning token (methods.Rule.scoring "forward": OAR-P), which at real lengths would
     take most of the benchmark's time, and the prompts a step of TRL's comparison (0: the setting's own; fewer where
     TRL's step at the setting's batch outgrows the machine: ours then runs again at TRL's size, in the same run).
-    The defaults are a real model's (see SETTINGS)."""
+    The defaults are a real model's (see SETTINGS): two warm-up steps, since a process's first update at full size
+    (the first step of the length-parity grader may score few rows) runs slower than the next ones while the process
+    first grows to that size (SmolLM2's bf16 update: 13.9 s in its second step, 8.9-10.1 s in the four after, two runs
+    alike; docs/LOG.md, 2026-11-27, eleventh session)."""
     flags: tuple
-    steps: int = 2
-    warmup: int = 1
+    steps: int = 3
+    warmup: int = 2
     rounds: int = 1
     repeat: int = 1
     short: tuple = ()
