@@ -32,7 +32,7 @@ def test_the_default_path_prints_every_part(base, capsys):
     distinct = [r for r in machine if "weights in turn" in r[1]]  # the decode shape again, in each precision
     layers = base[0].config.num_hidden_layers  # one weight a layer, as a decode step reads them
     assert [r[1] for r in distinct] == [f"{p} matmul, decode shape, {layers} weights in turn" for p in
-                                        ("float32", "bfloat16")]
+                                        ("float32", "bfloat16")] and all(r[4].endswith("x") for r in distinct)
     # the train-shape product in the run's precision (float32 on the tiny default) read again after the steps
     first = next(r for r in machine if r[1].startswith("float32 matmul, train shape ["))
     assert machine[-1][1:4] == ("float32 matmul, train shape, after the steps", machine[-1][2], f"before {first[2]}")
@@ -291,9 +291,9 @@ def test_matmul_rate_counts_every_weight(monkeypatch):
     # over 5 distinct weights a call runs 5 products of 2 x 2 x 3 x 4 FLOPs: a "second" of them is 240 FLOP/s
     calls = []
     monkeypatch.setattr(machine_part, "seconds_per_call", lambda fn, device: (fn(), 1.0)[1])
-    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w: calls.append(w.shape))
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w: calls.append((w.shape, w.data_ptr())))
     assert machine_part.matmul_rate(2, 3, 4, torch.float32, "cpu", weights=5) == 2 * 2 * 3 * 4 * 5
-    assert calls == [(4, 3)] * 5
+    assert [shape for shape, _ in calls] == [(4, 3)] * 5 and len({ptr for _, ptr in calls}) == 5  # 5 distinct
 
 
 def test_the_gpu_table_on_the_cpu(monkeypatch, capsys):

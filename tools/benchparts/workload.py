@@ -20,10 +20,11 @@ class Setting:
     that runs one forward per reasoning token (methods.Rule.scoring "forward": OAR-P), which at real lengths would
     take most of the benchmark's time, and the prompts a step of TRL's comparison (0: the setting's own; fewer where
     TRL's step at the setting's batch outgrows the machine: ours then runs again at TRL's size, in the same run).
-    The defaults are a real model's (see SETTINGS): two warm-up steps, since a process's first update at full size
-    (the first step of the length-parity grader may score few rows) runs slower than the next ones while the process
-    first grows to that size (SmolLM2's bf16 update: 13.9 s in its second step, 8.9-10.1 s in the four after, two runs
-    alike; docs/LOG.md, 2026-11-27, eleventh session)."""
+    The defaults are a real model's (see SETTINGS): two warm-up steps, since SmolLM2's first update at full size (the
+    length-parity grader's first step may train on few rows) ran slower than the next ones, its peak memory growing
+    in it from 2.4 to 7.2 GiB (why it is slower is not measured): 13.9 s, then 8.9-10.1 s in the four steps after;
+    a cProfile'd run alike, 13.90 then 9.82 s (docs/LOG.md, 2026-11-27, eleventh session). The 0.5B showed no such
+    step. (Two steps out and one timed is what a run of three steps times.)"""
     flags: tuple
     steps: int = 3
     warmup: int = 2
@@ -42,13 +43,15 @@ RECIPE = ("--prompts-per-step", "8", "--group-size", "8", "--max-new-tokens", "4
           "2e-5", "--warmup-steps", "3", "--grader", "length-parity")
 SHORT = ("--max-new-tokens", "16")
 
-# A real model's counts are sized so that `bench.py --model smollm2-135m --threads 2` ends within 20 minutes on the
-# 2-core machine: the estimate is in docs/LOG.md (2026-11-24, "how bench.py is sized").
+# A real model's counts are sized so that `bench.py --model smollm2-135m --threads 2` ends in about 20 minutes on the
+# 2-core machine: the estimate in docs/LOG.md (2026-11-24, "how bench.py is sized"; float32 at 51 s a step) gives 17
+# minutes at two steps a method and about 22 at the three taken now (a bf16 step on a later host took 13-14 s).
 SETTINGS = {
     # the tiny default as earlier entries of docs/LOG.md measured it: 16 prompts x 8, 48 new tokens, the real grader
     "tiny": Setting(("--prompts-per-step", "16", "--group-size", "8"), steps=14, warmup=4, rounds=2, repeat=11),
     "smollm2-135m": Setting(("--dataset", "arith") + RECIPE, short=SHORT),
-    # about 5x (0.5B) and 13x (1.5B) SmolLM2's work: one and three hours on 2 cores. Micro-batches of 16: at 64
+    # about 5x (0.5B) and 13x (1.5B) SmolLM2's work: one and three hours on 2 cores at two steps a method, about a
+    # third more at three. Micro-batches of 16: at 64
     # rows a micro-batch the 0.5B's train.py reached 18.7-19.5 GB resident in its second step and, with the bench's
     # own process beside it, the machine's 24 GB ran out (docs/LOG.md, 2026-11-26; --dry-run plans 29.8 GiB). TRL's
     # GRPOTrainer at 8 x 8 was killed at 24.4 GB resident, with per-device batches of 64 and of 16 (same entry): it
