@@ -24,7 +24,7 @@ class Setting:
     length-parity grader's first step may train on few rows) ran slower than the next ones, its peak memory growing
     in it from 2.4 to 7.2 GiB (why it is slower is not measured): 13.9 s, then 8.9-10.1 s in the four steps after;
     a cProfile'd run alike, 13.90 then 9.82 s (docs/LOG.md, 2026-11-27, eleventh session). The 0.5B showed no such
-    step. (Two steps out and one timed is what a run of three steps times.)"""
+    step."""
     flags: tuple
     steps: int = 3
     warmup: int = 2
@@ -50,12 +50,11 @@ SETTINGS = {
     # the tiny default as earlier entries of docs/LOG.md measured it: 16 prompts x 8, 48 new tokens, the real grader
     "tiny": Setting(("--prompts-per-step", "16", "--group-size", "8"), steps=14, warmup=4, rounds=2, repeat=11),
     "smollm2-135m": Setting(("--dataset", "arith") + RECIPE, short=SHORT),
-    # about 5x (0.5B) and 13x (1.5B) SmolLM2's work: one and three hours on 2 cores at two steps a method, about a
-    # third more at three. Micro-batches of 16: at 64
-    # rows a micro-batch the 0.5B's train.py reached 18.7-19.5 GB resident in its second step and, with the bench's
-    # own process beside it, the machine's 24 GB ran out (docs/LOG.md, 2026-11-26; --dry-run plans 29.8 GiB). TRL's
-    # GRPOTrainer at 8 x 8 was killed at 24.4 GB resident, with per-device batches of 64 and of 16 (same entry): it
-    # is compared at 2 x 8
+    # about 5x (0.5B) and 13x (1.5B) SmolLM2's work: one and three hours on 2 cores at two steps a method, about a third
+    # more at three. Micro-batches of 16: at 64 rows a micro-batch the 0.5B's train.py reached 18.7-19.5 GB resident in
+    # its second step and, with the bench's own process beside it, the machine's 24 GB ran out (docs/LOG.md, 2026-11-26;
+    # --dry-run plans 29.8 GiB). TRL's GRPOTrainer at 8 x 8 was killed at 24.4 GB resident, with per-device batches of
+    # 64 and of 16 (same entry): it is compared at 2 x 8
     "qwen2.5-coder-0.5b": Setting(("--dataset", "gsm8k") + RECIPE + ("--micro-batch-size", "16"), short=SHORT,
                                   trl_prompts=2),
     "qwen2.5-coder-1.5b": Setting(("--dataset", "gsm8k") + RECIPE + ("--micro-batch-size", "16"), short=SHORT,
