@@ -21,10 +21,10 @@ class Setting:
     take most of the benchmark's time, and the prompts a step of TRL's comparison (0: the setting's own; fewer where
     TRL's step at the setting's batch outgrows the machine: ours then runs again at TRL's size, in the same run).
     The defaults are a real model's (see SETTINGS): two warm-up steps, since SmolLM2's first update at full size (the
-    length-parity grader's first step may train on few rows) ran slower than the next ones, its peak memory growing
-    in it from 2.4 to 7.2 GiB (why it is slower is not measured): 13.9 s, then 8.9-10.1 s in the four steps after;
-    a cProfile'd run alike, 13.90 then 9.82 s (docs/LOG.md, 2026-11-27, eleventh session). The 0.5B showed no such
-    step."""
+    length-parity grader's first step may train on few rows) ran slower than the next ones: 13.9 s, then 8.9-10.1 s
+    in the four steps after; a cProfile'd run alike, 13.90 then 9.82 s. Its pass alone is slower the first time a
+    process runs it (first page faults, or kernels made for new shapes: not separated; docs/LOG.md, 2026-11-27,
+    eleventh session). The 0.5B showed no such step."""
     flags: tuple
     steps: int = 3
     warmup: int = 2
