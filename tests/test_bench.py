@@ -296,6 +296,25 @@ def test_matmul_rate_counts_every_weight(monkeypatch):
     assert [shape for shape, _ in calls] == [(4, 3)] * 5 and len({ptr for _, ptr in calls}) == 5  # 5 distinct
 
 
+def test_decoding_shares_divide_one_rate_by_each_product():
+    # a 2-layer model, H 4, I 8, V 10, 2 heads of 2, 1 key/value head: a layer's projections q 16, k 8, v 8, o 16,
+    # gate 32, up 32, down 32 = 144 weights, 288 in all; the output layer 10 x 4 = 40. Prompts of 3 and 2 tokens, 10
+    # useful tokens in 1 s over 4 decode steps: 2 x (288 x (10 + 5) + 40 x 10) = 9,440 FLOP/s, 25 % of a one-weight
+    # product of 37,760 and 50 % of a distinct-weights one of 18,880; weights read 4 x 328 x 4 bytes = 5,248 B/s, 10 %
+    # of a 52,480 B/s read
+    from transformers import LlamaConfig
+    cfg = LlamaConfig(vocab_size=10, hidden_size=4, intermediate_size=8, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1)
+    w = types.SimpleNamespace(config=cfg, args=types.SimpleNamespace(bf16=False), prompts=[[1, 2, 3], [4, 5]])
+    limits = {"float32": {"decode": 37760.0, "decode, distinct": 18880.0}, "distinct": 2, "read": 52480.0}
+    table = tables.Table("t")
+    sampler.decoding_shares(table, w, {"tokens": 10, "seconds": 1.0, "steps": 4}, limits)
+    assert [r[1:] for r in table.rows] == [
+        ("decoding: model FLOP/s over the float32 decode matmul", "9.4 kFLOP/s", "37.8 kFLOP/s", "25 %"),
+        ("decoding: model FLOP/s over the float32 matmul, 2 weights", "9.4 kFLOP/s", "18.9 kFLOP/s", "50 %"),
+        ("decoding: weights read a second over the read bandwidth", "5.2 kB/s", "52.5 kB/s", "10 %")]
+
+
 def test_the_gpu_table_on_the_cpu(monkeypatch, capsys):
     # --gpu --device cpu (2 layers of the real widths), here at small widths too so that it takes seconds: every
     # part, OAR-P through its short response

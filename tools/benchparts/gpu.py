@@ -198,7 +198,7 @@ def run_gpu(args, chosen: list, parts: list, table_out=None) -> Table:
     name = torch.cuda.get_device_name(device) if device.startswith("cuda") else "CPU"
     # the steps part's counts (its flags are gpu_flags' "steps"), checked before the model is built: one step left
     # out, the median of the other two (the CPU settings' second warm-up step, workload.Setting, is for SmolLM2's
-    # slow first full-size update, not seen here; a fourth step would take this part past its time)
+    # slow first full-size update on a CPU, not measured here; a fourth step would take this part past its time)
     steps = overridden(Setting((), steps=3, warmup=1, repeat=s.repeat, short=("--max-new-tokens", str(s.short_tokens))),
                        args)
     with tempfile.TemporaryDirectory() as d:
