@@ -156,28 +156,49 @@ def shares_prompts(model) -> bool:
 
 class Decoder:
     """sample.generate's decode through decode_step: the prompts' cache (the model's own, after its prefill of
-    each prompt once) copied to the n rollouts of each, in buffers with room for the response, so that a step
-    writes one column instead of copying the cache. Same interface as sample.OwnDecoder: keep(rows) drops rows
-    from the batch, decoder(nxt, pos) returns the next logits [A, V]."""
+    each prompt once) copied to the n rollouts of each, in buffers with room for the next CHUNK tokens, so that a
+    step writes one column instead of copying the cache. Same interface as sample.OwnDecoder: keep(rows) drops rows
+    from the batch, decoder(nxt, pos) returns the next logits [A, V].
+
+    The attention reads each buffer whole, its columns not yet written masked: torch's batched product copies an
+    operand that is not one contiguous block, and a slice of the buffer up to the current column is not one (those
+    copies took 11 ms of the 0.5B's 128 ms step at 64 rows, docs/LOG.md, 2026-11-27, twelfth session). So the
+    buffers grow CHUNK columns at a time (a copy every CHUNK steps), not to the longest response at once: a step
+    attends to at most CHUNK - 1 masked columns."""
+    CHUNK = 64
 
     def __init__(self, model, cache, mask, n: int, max_new_tokens: int):
         N, P = len(mask) * n, mask.shape[1]
         self.keys, self.values = [], []
+        self.end = P + max_new_tokens  # the columns the longest response can reach
+        width = min(self.end, P + self.CHUNK)
         for layer in cache.layers:
             for kv, out_list in ((layer.keys, self.keys), (layer.values, self.values)):
-                buf = kv.new_empty((N, kv.shape[1], P + max_new_tokens, kv.shape[3]))  # [N, Hkv, P + T, D]
+                # zeros, not new_empty: a masked column's score is q . k + (-inf), which is nan if k is nan
+                buf = kv.new_zeros((N, kv.shape[1], width, kv.shape[3]))  # [N, Hkv, width, D]
                 buf[:, :, :P] = kv.repeat_interleave(n, 0)
-                out_list.append(buf)  # the columns a row has not reached are never read
-        self.bias = torch.zeros((N, P + max_new_tokens), device=mask.device)  # [N, P + T] added to the scores
-        self.bias[:, :P].masked_fill_(mask.repeat_interleave(n, 0) == 0, float("-inf"))  # the prompts' padding
+                out_list.append(buf)
+        self.bias = torch.full((N, self.end), float("-inf"), device=mask.device)  # [N, P + T] added to the scores
+        self.bias[:, :P].masked_fill_(mask.repeat_interleave(n, 0) == 1, 0)  # the prompts' tokens; pads stay -inf
         self.model, self.col = model, P  # col: the column the next token's keys and values go to
 
     def keep(self, rows: torch.Tensor):
         self.keys, self.values = [k[rows] for k in self.keys], [v[rows] for v in self.values]
         self.bias = self.bias[rows]
 
+    def _grow(self):
+        """CHUNK more columns (zeros) in every buffer, or as many as the longest response still needs."""
+        width = min(self.end, self.col + self.CHUNK)
+        for bufs in (self.keys, self.values):
+            for i, kv in enumerate(bufs):  # kv [A, Hkv, col, D]
+                bufs[i] = torch.cat([kv, kv.new_zeros((*kv.shape[:2], width - kv.shape[2], kv.shape[3]))], 2)
+
     def __call__(self, nxt: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        logits = decode_step(self.model, nxt, pos, self.keys, self.values, self.col, self.bias[:, :self.col + 1])
+        if self.col == self.keys[0].shape[2]:
+            self._grow()
+        self.bias[:, self.col] = 0  # each row attends to its new token
+        width = self.keys[0].shape[2]
+        logits = decode_step(self.model, nxt, pos, self.keys, self.values, self.col, self.bias[:, :width])
         self.col += 1
         return logits  # [A, V]
 
@@ -185,9 +206,10 @@ class Decoder:
 def decode_step(model, tokens, pos, keys, values, col: int, bias):
     """One new token for each row through a Qwen2 / Llama decoder, the KV cache held in preallocated buffers.
 
-    tokens [A], pos [A, 1] their positions, keys and values: per layer [A, Hkv, P + T, D] with columns < col
-    filled, bias [A, col + 1] (0 where a row attends, -inf where it does not). Writes this token's keys and
-    values at column col and returns the next-token logits [A, V].
+    tokens [A], pos [A, 1] their positions, keys and values: per layer [A, Hkv, C, D] with columns < col filled
+    and the rest finite (Decoder: zeros), bias [A, C] (0 where a row attends, -inf where it does not, and at every
+    column after col). Writes this token's keys and values at column col, attends over all C columns (the buffer
+    whole: see Decoder) and returns the next-token logits [A, V].
     It is model(...) written out with the model's own modules. HF's forward also builds a mask, grows its cache by
     torch.cat (a copy of the whole cache per step) and passes through its wrappers at every step, which on the
     tiny default costs more than the arithmetic (docs/LOG.md). The training forward stays HF's, and
@@ -202,8 +224,7 @@ def decode_step(model, tokens, pos, keys, values, col: int, bias):
         q, k, v = (proj(h).view(len(x), -1, 1, attn.head_dim) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
         q, k = apply_rotary_pos_emb(q, k, cos, sin)  # [A, heads, 1, D], [A, Hkv, 1, D]
         k_cache[:, :, col], v_cache[:, :, col] = k[:, :, 0], v[:, :, 0]
-        x = x + attn.o_proj(decode_attention(q, k_cache[:, :, :col + 1], v_cache[:, :, :col + 1], bias,
-                                             attn.scaling))  # [A, 1, H]
+        x = x + attn.o_proj(decode_attention(q, k_cache, v_cache, bias, attn.scaling))  # [A, 1, H]
         x = x + layer.mlp(layer.post_attention_layernorm(x))  # [A, 1, H]
     return model.get_output_embeddings()(decoder.norm(x))[:, -1]  # [A, V] bf16 under autocast: the caller casts
 

@@ -108,11 +108,13 @@ def random_llama(tok):
     return model.eval()
 
 
-@pytest.mark.parametrize("which", ["tiny", "llama"])
-def test_decode_step_gives_the_plain_decodes_tokens_and_logprobs(base, which):
+@pytest.mark.parametrize("which,chunk", [("tiny", 64), ("llama", 64), ("tiny", 3)])
+def test_decode_step_gives_the_plain_decodes_tokens_and_logprobs(base, which, chunk, monkeypatch):
     # sample.generate through fastpath.Decoder (the default for these layouts) and through OwnDecoder, the model's
     # own forward and cache (fast=False): greedy tokens identical; sampled with one seed, the same tokens and
-    # log-probs and entropies to 1e-5 of their scale. Rows of different lengths: both drop finished rows.
+    # log-probs and entropies to 1e-5 of their scale. Rows of different lengths: both drop finished rows. With
+    # chunk 3 the cache's buffers grow 10 times in 30 tokens (Decoder.CHUNK; 64 holds them all at once).
+    monkeypatch.setattr(fastpath.Decoder, "CHUNK", chunk)
     model, tok = base
     model = model if which == "tiny" else random_llama(tok)
     assert fastpath.decodes(model)
