@@ -1,4 +1,4 @@
-"""infra/cpu.py: large CPU tensors on huge pages; the threads."""
+"""infra/cpu.py: large CPU tensors on huge pages; freed memory kept for the next; the threads."""
 import os
 import subprocess
 import sys
@@ -36,6 +36,36 @@ def test_a_large_tensor_lies_on_huge_pages_after_setup():
     assert huge_kib("setup") >= 60 * 1024  # of the 64 MB tensor, all but the unaligned ends
     if "[madvise]" in open(THP).read():  # where the kernel does not give them unasked, torch did not ask without it
         assert huge_kib("none") < 8 * 1024
+
+
+# A fresh process: after cpu.setup() or not, a 64 MB tensor is written and freed; what the process's resident memory
+# lost at the free is printed (glibc maps a block that large on its own and unmaps it on free, unless told to keep it)
+FREED = """
+import os, sys, torch
+from infra import cpu
+kept = cpu.keep_freed_memory() if sys.argv[1] == "setup" else None
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+x = torch.ones(16 << 20)
+before = rss()
+del x
+print(kept, before - rss())
+"""
+
+
+def test_freed_memory_stays_in_the_process_after_setup():
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("no /proc: the resident size cannot be read here")
+    got = {}
+    for how in ("setup", "none"):
+        out = subprocess.run([sys.executable, "-c", FREED, how], cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        kept, handed_back = out.stdout.split()
+        got[how] = (kept, int(handed_back))
+    if got["setup"][0] != "True":
+        pytest.skip("not glibc: its allocator is left alone")
+    assert got["none"][1] >= 56 << 20  # the 64 MB went back to the system on free
+    assert got["setup"][1] < 8 << 20  # kept for the next tensor
 
 
 def test_setup_sets_the_threads():
