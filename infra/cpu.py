@@ -9,12 +9,12 @@ size is mapped and zeroed again, a page fault at a time. A [64, 151,936] float32
   2-core machine (one thread, docs/LOG.md, 2026-11-26): a division over 39 MB 19.5 -> 5.1 ms, an embedding's
   backward 243 -> 62 ms.
 - keep_freed_memory(): glibc serves blocks up to 2 GB from the process's heap and keeps what is freed there for the
-  next tensor, which then takes no fault. On top of huge pages, train.py with the bench's Qwen2.5-0.5B setting (docs/LOG.md,
-  2026-11-27, twelfth session; steps 3-6 of 3 runs each way): the training phase 26.5 -> 21.5 s a step (medians),
-  sampling 7.7 -> 7.2 s, the run's peak 15.2-15.5 GiB either way. The cost: between phases the process holds
-  memory near its peak (train.py's memory.Peaks hands it back in the first step only, to read each phase's own
-  figure). It was tried once before (2026-11-26), as fast as huge pages on small measurements, and dropped for
-  them because the process holds its peak; what it adds to a whole step was not measured then.
+  next tensor, which then takes no fault. On top of huge pages, train.py with the bench's Qwen2.5-Coder-0.5B setting
+  (docs/LOG.md, 2026-11-27, twelfth session; steps 3-6 of 3 runs each way, in turns): the training phase 26.5 -> 21.5
+  s a step (medians), sampling 7.7 -> 7.2 s, the run's peak 15.2-15.5 GiB either way. The cost: between phases the
+  process holds up to its peak (train.py's memory.Peaks hands memory back in the first step only, to read each phase's
+  own figure). Tried before: 2026-11-26 (1.55x on an 8-row pass; dropped because the process holds its peak) and one
+  bench step on 2026-11-27 (inside the spread); the step-by-step A/B was the first to show it.
 """
 import os
 
@@ -42,12 +42,14 @@ def huge_pages():
 
 def keep_freed_memory(size: int = KEEP) -> bool:
     """glibc's malloc serves blocks up to `size` bytes from the heap and keeps freed memory up to `size` in the
-    process (its mmap and trim thresholds). True where it took both; False where the C library is not glibc (macOS,
-    musl: their allocators are left alone). memory.release_freed_memory() still hands memory back when asked."""
+    process (its mmap and trim thresholds, each set on its own). True where it took both; False where mallopt
+    refused either or the C library is not glibc (macOS, musl: their allocators are left alone).
+    memory.release_freed_memory() still hands memory back when asked."""
     import ctypes
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, size) and mallopt(M_TRIM_THRESHOLD, size))
+    took = [mallopt(M_MMAP_THRESHOLD, size), mallopt(M_TRIM_THRESHOLD, size)]
+    return all(took)

@@ -63,7 +63,7 @@ def test_freed_memory_stays_in_the_process_after_setup():
         kept, handed_back = out.stdout.split()
         got[how] = (kept, int(handed_back))
     if got["setup"][0] != "True":
-        pytest.skip("not glibc: its allocator is left alone")
+        pytest.skip("not glibc, or its mallopt refused: the allocator is left alone")
     assert got["none"][1] >= 56 << 20  # the 64 MB went back to the system on free
     assert got["setup"][1] < 8 << 20  # kept for the next tensor
 

@@ -113,7 +113,7 @@ def test_decode_step_gives_the_plain_decodes_tokens_and_logprobs(base, which, ch
     # sample.generate through fastpath.Decoder (the default for these layouts) and through OwnDecoder, the model's
     # own forward and cache (fast=False): greedy tokens identical; sampled with one seed, the same tokens and
     # log-probs and entropies to 1e-5 of their scale. Rows of different lengths: both drop finished rows. With
-    # chunk 3 the cache's buffers grow 10 times in 30 tokens (Decoder.CHUNK; 64 holds them all at once).
+    # chunk 3 the cache's buffers grow 9 times in 30 tokens (Decoder.CHUNK; 64 holds them all at once).
     monkeypatch.setattr(fastpath.Decoder, "CHUNK", chunk)
     model, tok = base
     model = model if which == "tiny" else random_llama(tok)
