@@ -43,7 +43,7 @@ def huge_pages():
 def keep_freed_memory(size: int = KEEP) -> bool:
     """glibc's malloc serves blocks up to `size` bytes from the heap and keeps freed memory up to `size` in the
     process (its mmap and trim thresholds, each set on its own). True where it took both; False where mallopt
-    refused either or the C library is not glibc (macOS, musl: their allocators are left alone).
+    refused either (the other may still be set) or the C library is not glibc (macOS, musl: left alone).
     memory.release_freed_memory() still hands memory back when asked."""
     import ctypes
     try:

@@ -161,20 +161,21 @@ class Decoder:
     from the batch, decoder(nxt, pos) returns the next logits [A, V].
 
     The attention reads each buffer whole, its columns not yet written masked: torch's batched product copies an
-    operand that is not one contiguous block, and a slice of the buffer up to the current column is not one (those
-    copies took 11 ms of the 0.5B's 128 ms step at 64 rows, docs/LOG.md, 2026-11-27, twelfth session). So the
-    buffers grow CHUNK columns at a time (a copy every CHUNK steps), not to the longest response at once: a step
-    attends to at most CHUNK - 1 masked columns."""
+    operand that is not one contiguous block (or its transpose), and a slice of the buffer up to the current column
+    is neither (those copies took 11 ms of the 0.5B's 128 ms step at 64 rows, docs/LOG.md, 2026-11-27, twelfth
+    session). So the buffers grow CHUNK columns at a time (a copy every CHUNK steps), not to the longest response at
+    once: a step attends to at most CHUNK - 1 columns not yet written."""
     CHUNK = 64
 
     def __init__(self, model, cache, mask, n: int, max_new_tokens: int):
         N, P = len(mask) * n, mask.shape[1]
         self.keys, self.values = [], []
-        self.end = P + max_new_tokens  # the columns the longest response can reach
+        self.end = P + max_new_tokens  # room for every response token (the last one is never written)
         width = min(self.end, P + self.CHUNK)
         for layer in cache.layers:
             for kv, out_list in ((layer.keys, self.keys), (layer.values, self.values)):
-                # zeros, not new_empty: a masked column's score is q . k + (-inf), which is nan if k is nan
+                # zeros, not new_empty: a masked column's score q . k + (-inf) is nan if k is nan, and its weight 0
+                # times a nan value is nan
                 buf = kv.new_zeros((N, kv.shape[1], width, kv.shape[3]))  # [N, Hkv, width, D]
                 buf[:, :, :P] = kv.repeat_interleave(n, 0)
                 out_list.append(buf)

@@ -108,13 +108,17 @@ def random_llama(tok):
     return model.eval()
 
 
-@pytest.mark.parametrize("which,chunk", [("tiny", 64), ("llama", 64), ("tiny", 3)])
+@pytest.mark.parametrize("which,chunk", [("tiny", 64), ("llama", 64), ("tiny", 7)])
 def test_decode_step_gives_the_plain_decodes_tokens_and_logprobs(base, which, chunk, monkeypatch):
     # sample.generate through fastpath.Decoder (the default for these layouts) and through OwnDecoder, the model's
     # own forward and cache (fast=False): greedy tokens identical; sampled with one seed, the same tokens and
     # log-probs and entropies to 1e-5 of their scale. Rows of different lengths: both drop finished rows. With
-    # chunk 3 the cache's buffers grow 9 times in 30 tokens (Decoder.CHUNK; 64 holds them all at once).
+    # chunk 7 the cache's buffers grow every 7 tokens, the last growth cut short at 30 (Decoder.CHUNK; 64 holds
+    # them all at once): the decoder runs for tokens 2..T of the longest response, columns P .. P + T - 2.
     monkeypatch.setattr(fastpath.Decoder, "CHUNK", chunk)
+    grows = []
+    grow = fastpath.Decoder._grow
+    monkeypatch.setattr(fastpath.Decoder, "_grow", lambda self: (grows.append(self.col), grow(self))[1])
     model, tok = base
     model = model if which == "tiny" else random_llama(tok)
     assert fastpath.decodes(model)
@@ -123,9 +127,14 @@ def test_decode_step_gives_the_plain_decodes_tokens_and_logprobs(base, which, ch
         outs = []
         for fast in (None, False):
             torch.manual_seed(0)
+            grows.clear()
             outs.append(sample.generate(model, prompts(tok, 6, seed=7), n=n, max_new_tokens=30,
                                         temperature=temperature, fast=fast, **kw))
+            if fast is None:
+                fast_grows = list(grows)
         fast_out, plain_out = outs
+        P, T = fast_out["prompt_len"], fast_out["response_mask"].shape[1]
+        assert fast_grows == [P + c for c in range(chunk, T - 1, chunk)], (fast_grows, P, T)
         assert len(set(plain_out["response_mask"].sum(-1).tolist())) > 1
         for k in ("input_ids", "attention_mask", "response_mask", "truncated"):
             assert torch.equal(fast_out[k], plain_out[k]), (temperature, k)
