@@ -9,12 +9,13 @@ size is mapped and zeroed again, a page fault at a time. A [64, 151,936] float32
   2-core machine (one thread, docs/LOG.md, 2026-11-26): a division over 39 MB 19.5 -> 5.1 ms, an embedding's
   backward 243 -> 62 ms.
 - keep_freed_memory(): glibc serves blocks up to 2 GB from the process's heap and keeps what is freed there for the
-  next tensor, which then takes no fault. On top of huge pages, train.py with the bench's Qwen2.5-Coder-0.5B setting
-  (docs/LOG.md, 2026-11-27, twelfth session; steps 3-6 of 3 runs each way, in turns): the training phase 26.5 -> 21.5
-  s a step (medians), sampling 7.7 -> 7.2 s, the run's peak 15.2-15.5 GiB either way. The cost: between phases the
-  process holds up to its peak (train.py's memory.Peaks hands memory back in the first step only, to read each phase's
-  own figure). Tried before: 2026-11-26 (1.55x on an 8-row pass; dropped because the process holds its peak) and one
-  bench step on 2026-11-27 (inside the spread); the step-by-step A/B was the first to show it.
+  next tensor, which reuses it without new page faults. On top of huge pages, train.py with the bench's
+  Qwen2.5-Coder-0.5B setting (docs/LOG.md, 2026-11-27, twelfth session; steps 3-6 of 3 runs each way, in turns): the
+  training phase 26.5 -> 21.5 s a step (medians), sampling 7.7 -> 7.2 s, the run's peak 15.2-15.5 GiB either way. The
+  cost: between phases the process holds up to its peak (train.py's memory.Peaks hands memory back in the first step
+  only, to read each phase's own figure). Tried before: 2026-11-26 (1.55x on an 8-row pass; dropped because the
+  process holds its peak) and one bench step on 2026-11-27 (inside the spread); the step-by-step A/B was the first to
+  show it.
 """
 import os
 

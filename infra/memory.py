@@ -38,7 +38,7 @@ def peak_memory_bytes(device: str, rss_at_start: int = 0) -> int:
 
 def release_freed_memory():
     """Hand memory the process freed back to the system (glibc's malloc_trim). glibc keeps freed blocks for reuse (up
-    to 32 MB by default, every block under cpu.keep_freed_memory), so without this a phase's resident set starts
+    to 32 MB by default, up to 2 GB under cpu.keep_freed_memory), so without this a phase's resident set starts
     with the last phase's freed activations (at 1.5B more than twice what was live: docs/LOG.md, 2026-11-24).
     Elsewhere than glibc, nothing."""
     try:

@@ -116,9 +116,12 @@ def test_decode_step_gives_the_plain_decodes_tokens_and_logprobs(base, which, ch
     # chunk 7 the cache's buffers grow every 7 tokens, the last growth cut short at 30 (Decoder.CHUNK; 64 holds
     # them all at once): the decoder runs for tokens 2..T of the longest response, columns P .. P + T - 2.
     monkeypatch.setattr(fastpath.Decoder, "CHUNK", chunk)
-    grows = []
-    grow = fastpath.Decoder._grow
-    monkeypatch.setattr(fastpath.Decoder, "_grow", lambda self: (grows.append(self.col), grow(self))[1])
+    grows, grow = [], fastpath.Decoder._grow
+
+    def counted(self):  # the column at which each growth happens
+        grows.append(self.col)
+        grow(self)
+    monkeypatch.setattr(fastpath.Decoder, "_grow", counted)
     model, tok = base
     model = model if which == "tiny" else random_llama(tok)
     assert fastpath.decodes(model)
