@@ -230,10 +230,10 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
     what its own forward would give. The saving is the prompt's share of the columns times G - 1 of G: large on
     the tiny task (prompts a third of the columns), small where responses are long.
 
-    The output layer runs `chunk_tokens` tokens at a time, each chunk under activation checkpointing, so a float32
-    [N, T, vocabulary] tensor never exists: for Qwen2.5 (151,936 ids) at 4 x 3,300 tokens it would take 8 GB, and
-    autograd would keep it and its softmax for the backward. A chunk holds at most 2048 x 151,936 floats (1.2 GB)
-    and is recomputed in the backward. This takes logits = output_embeddings(hidden): a model whose config sets a
+    The output layer runs `chunk_tokens` tokens at a time, each chunk but the last under activation checkpointing,
+    so a float32 [N, T, vocabulary] tensor never exists: for Qwen2.5 (151,936 ids) at 4 x 3,300 tokens it would
+    take 8 GB, and autograd would keep it and its softmax for the backward. A chunk holds at most 2048 x 151,936
+    floats (1.2 GB) and is recomputed in the backward. This takes logits = output_embeddings(hidden): a model whose config sets a
     final transform (LOGIT_TRANSFORMS: Gemma2's soft-capping, Cohere's scale, ...) gets one forward of its own
     instead, its logits for the response columns whole ([N, T, V]), without chunks or a shared prompt.
     Prompts are shared only where fastpath.shares_prompts(model) (a plain full-attention cache). Over a vocabulary
@@ -268,7 +268,11 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
     logp = []
     for s in range(0, N * T, chunk_tokens):
         args = (head, h[s:s + chunk_tokens], targets[s:s + chunk_tokens], temperature, fast is not False)
-        if torch.is_grad_enabled():
+        # The last chunk keeps its tensors instead: the backward takes it first (autograd runs the newest node
+        # first), when its recomputation would hold the same tensors, so checkpointing it only ran the output layer
+        # twice (the bench's 0.5B update, profiled: 8 products of 227 ms over 151,936 ids for 4 micro-batches of one
+        # chunk each; docs/LOG.md, 2026-11-27, thirteenth session).
+        if torch.is_grad_enabled() and s + chunk_tokens < N * T:
             logp.append(torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False))
         else:
             logp.append(_chunk_logprobs(*args))
