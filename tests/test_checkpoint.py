@@ -477,6 +477,19 @@ def test_an_update_that_overflows_is_undone_bit_for_bit(base, lr, grad, fused):
         assert all(torch.equal(kept[1]["state"][i][k], v) for k, v in state.items())  # the step count too
 
 
+def test_the_guarded_step_reads_the_gradients_once(base, monkeypatch):
+    # guard.step hands the norm it clipped by to step_if_finite as its bound on every |g| (an L2 norm is at least
+    # the largest element), so the gradients are not read a second time (a 0.5B's are 494M floats)
+    model = type(base[0])(base[0].config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 1e-3)
+    monkeypatch.setattr(guard.torch, "aminmax", lambda *a: pytest.fail("the gradients were read again"))
+    norm, why = guard.step(model, optimizer, 1.0, torch.tensor(0.5))
+    n = sum(p.numel() for p in model.parameters())
+    assert why is None and optimizer.state and norm == pytest.approx(1e-3 * n ** 0.5, rel=1e-4)  # float32 sums
+
+
 @pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")
 def test_a_run_whose_learning_rate_overflows_the_weights_keeps_them_finite(base, tmp_path, monkeypatch):
     real = torch.optim.AdamW  # --lr is at most 1; the guard must hold even where that check is bypassed
