@@ -2,6 +2,8 @@
 against sample.OwnDecoder (the model's own forward and cache) on the tiny Qwen2 and a Llama, a group's prompt run
 once against each row's own forward (log-probs and gradients, in float64 to 1e-10), and a clear error for layouts
 it does not write out. (OAR's forward after a prompt: tests/test_oar.py.)"""
+from contextlib import nullcontext
+
 import pytest
 import torch
 
@@ -226,6 +228,47 @@ def test_token_logprobs_take_target_logprobs_over_a_large_vocabulary(base, monke
     assert calls  # the fast path ran
     assert_close(out[None][0], out[False][0], rel=1e-6, what="log-probs")
     assert_grads_close(out[None][1], out[False][1], rel=1e-6, what="TargetLogprobs")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_sparse_embedding_grad_sums_the_dense_gradient(base, tied):
+    # train.update's micro-batches inside fastpath.sparse_embedding_grad: the embeddings' gradient accumulates as
+    # the rows looked up and is made dense on leaving, the sum of the dense gradients of each backward. The tiny
+    # model ties its output layer to the embeddings (whose dense gradient then takes the rows); untied, the
+    # gradient is sparse until the end. Sums in another order: equal to float32 rounding (the same bits here).
+    import copy
+    from transformers import Qwen2ForCausalLM
+    model, tok = base
+    if not tied:
+        config = copy.deepcopy(model.config)
+        config.tie_word_embeddings = False
+        model = Qwen2ForCausalLM(config)  # random weights, as tiny's shapes
+    ids, attn, P, m, groups = shared_prompt_case(base[0], tok, 0)
+    emb = model.get_input_embeddings()
+    assert (emb.weight is model.get_output_embeddings().weight) == tied
+
+    def update(sparse: bool):
+        model.zero_grad(set_to_none=True)
+        layouts = []
+        with sample.autocast("cpu", True), (fastpath.sparse_embedding_grad(model) if sparse else nullcontext()):
+            for mb in (torch.arange(0, 5), torch.arange(5, 10)):  # whole groups: 2 0 0 3 1 | 1 3 4 4 4
+                logp = sample.token_logprobs(model, ids[mb], attn[mb], P, 1.0, groups=groups[mb])  # [5, T]
+                with sample.autocast("cpu", False):
+                    (logp * m[mb]).sum().backward()
+                layouts.append(emb.weight.grad.layout)
+        return grads_of(model), layouts
+
+    (dense, dense_layouts), (summed, layouts) = update(False), update(True)
+    model.zero_grad(set_to_none=True)
+    assert dense_layouts == [torch.strided] * 2
+    assert layouts == [torch.strided if tied else torch.sparse_coo] * 2
+    assert emb.weight.grad is None and not emb.sparse  # as it was before: a plain Embedding
+    assert all(g.layout == torch.strided for g in summed.values())
+    assert_grads_close(summed, dense, rel=1e-6, what="sparse embedding gradient")
+    emb.weight.requires_grad_(False)  # not trained (LoRA): left alone
+    with fastpath.sparse_embedding_grad(model):
+        assert not emb.sparse
+    emb.weight.requires_grad_(True)
 
 
 def test_micro_batches_take_every_row_once_in_the_order_of_fewer_columns():
