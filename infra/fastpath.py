@@ -13,6 +13,7 @@ the sampler and the scorer do; this is how two of their forwards are made fast, 
     prompt_sharing       OAR's forward (O2, O3) over prompt_prefill's cache: oar.model_forward's numbers; with
                          whole rows as the "prompts", OAR-P's copies run only from their perturbed token on
     logits_after_prompt  the forward after a shared prompt, the last layer run only for the columns read (OAR)
+    sparse_embedding_grad  train.update's embedding gradient summed sparse over micro-batches, made dense once
 
 Which model goes which way (any other model takes the plain path, the model's own forward, in sample.py / oar.py):
 
