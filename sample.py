@@ -230,12 +230,12 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
     what its own forward would give. The saving is the prompt's share of the columns times G - 1 of G: large on
     the tiny task (prompts a third of the columns), small where responses are long.
 
-    The output layer runs `chunk_tokens` tokens at a time, each chunk but the last under activation checkpointing,
-    so a float32 [N, T, vocabulary] tensor never exists: for Qwen2.5 (151,936 ids) at 4 x 3,300 tokens it would
-    take 8 GB, and autograd would keep it and its softmax for the backward. A chunk holds at most 2048 x 151,936
-    floats (1.2 GB) and is recomputed in the backward. This takes logits = output_embeddings(hidden): a model whose config sets a
-    final transform (LOGIT_TRANSFORMS: Gemma2's soft-capping, Cohere's scale, ...) gets one forward of its own
-    instead, its logits for the response columns whole ([N, T, V]), without chunks or a shared prompt.
+    The output layer runs `chunk_tokens` tokens at a time, each chunk but the last under activation checkpointing, so a
+    float32 [N, T, vocabulary] tensor never exists: for Qwen2.5 (151,936 ids) at 4 x 3,300 tokens it would take 8 GB,
+    and autograd would keep it and its softmax for the backward. A chunk holds at most 2048 x 151,936 floats (1.2 GB)
+    and, but for the last, is recomputed in the backward. This takes logits = output_embeddings(hidden): a model whose
+    config sets a final transform (LOGIT_TRANSFORMS: Gemma2's soft-capping, Cohere's scale, ...) gets one forward of its
+    own instead, its logits for the response columns whole ([N, T, V]), without chunks or a shared prompt.
     Prompts are shared only where fastpath.shares_prompts(model) (a plain full-attention cache). Over a vocabulary
     above fastpath.LARGE_VOCAB ids each chunk's log-softmax is fastpath.TargetLogprobs, the same numbers; fast=False
     keeps it plain.
@@ -254,7 +254,8 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
         h = hidden[:, P - 1:-1]  # [N, T, H]
     else:
         # One lookup for prompts and responses: each lookup's backward makes a dense [V, H] gradient of the
-        # embeddings (Qwen2.5-0.5B's: 151,936 x 896 floats, 544 MB), zeroed, filled and added to the other's.
+        # embeddings (Qwen2.5-0.5B's: 151,936 x 896 floats, 544 MB), zeroed, filled and added to the other's
+        # (train.update sums them sparse: fastpath.sparse_embedding_grad).
         embeds = model.get_input_embeddings()(input_ids)  # [N, P + T, H]
         kv, prompt, row_group = fastpath.prompt_prefill(decoder, input_ids, attention_mask, pos, P, groups,
                                                         embeds)  # prompt [U, P, H]

@@ -158,24 +158,31 @@ def shares_prompts(model) -> bool:
 
 
 @contextlib.contextmanager
-def sparse_embedding_grad(model):
+def sparse_embedding_grad(model, tokens: int):
     """Inside it, the input embeddings' gradient accumulates sparse: the rows of the ids looked up, not a dense
     [V, H] tensor zeroed, filled and added at each backward (Qwen2.5-0.5B's: 151,936 x 896 floats, 544 MB, made
     4 times an update of 4 micro-batches). On leaving, the gradient is made dense once, as clipping and AdamW take
-    it: the same gradient, its sums in another order (tests/test_fastpath.py). Left as it is: an embedding that
-    is not trained (LoRA), already sparse, or not a torch Embedding. Tied to the output layer (SmolLM2), the
-    output layer's dense gradient takes the rows in place."""
+    it: the same gradient, its sums in another order (tests/test_fastpath.py). Tied to the output layer (SmolLM2),
+    the output layer's dense gradient takes the rows in place. Only on a CPU, where a fresh 544 MB tensor was
+    measured slow (docs/LOG.md, 2026-11-27, thirteenth session), and only where the update looks up at most V
+    `tokens` (a sparse gradient holds a row per token: more would outgrow the dense one). Left as it is: an
+    embedding that is not trained (LoRA), already sparse, or not a torch Embedding. After an exception the
+    gradient is dropped (half summed, and densifying could fail again, as after running out of memory)."""
     emb = model.get_input_embeddings()
-    if not isinstance(emb, torch.nn.Embedding) or emb.sparse or not emb.weight.requires_grad:
+    if (not isinstance(emb, torch.nn.Embedding) or emb.sparse or not emb.weight.requires_grad
+            or emb.weight.device.type != "cpu" or tokens > emb.num_embeddings):
         yield
         return
     emb.sparse = True
     try:
         yield
+    except BaseException:
+        emb.weight.grad = None
+        raise
     finally:
         emb.sparse = False
-        if emb.weight.grad is not None and emb.weight.grad.is_sparse:
-            emb.weight.grad = emb.weight.grad.to_dense()
+    if emb.weight.grad is not None and emb.weight.grad.is_sparse:
+        emb.weight.grad = emb.weight.grad.to_dense()
 
 
 class Decoder:

@@ -453,9 +453,9 @@ def test_a_nan_step_is_skipped_and_counted(base, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("fused", [True, False])  # train.py's AdamW is fused; the guard holds for either
-@pytest.mark.parametrize("lr, grad", [(1e-3, 1e30), (1e39, 1.0)])
+@pytest.mark.parametrize("lr, grad", [(1e-3, 1e30), (1e-3, -1e30), (1e39, 1.0)])
 def test_an_update_that_overflows_is_undone_bit_for_bit(base, lr, grad, fused):
-    # finite gradients both: 1e30 squared is past float32's 3.4e38 in AdamW's second moment; at lr 1e39 the step
+    # finite gradients all: (-)1e30 squared is past float32's 3.4e38 in AdamW's second moment; at lr 1e39 the step
     # size is (the unfused AdamW raises, after updating the moments in place)
     model = type(base[0])(base[0].config)
     model.load_state_dict(base[0].state_dict())

@@ -246,11 +246,12 @@ def test_sparse_embedding_grad_sums_the_dense_gradient(base, tied):
     ids, attn, P, m, groups = shared_prompt_case(base[0], tok, 0)
     emb = model.get_input_embeddings()
     assert (emb.weight is model.get_output_embeddings().weight) == tied
+    V = emb.num_embeddings  # the tokens an update looks up, as the caller counts them: at most V goes sparse
 
     def update(sparse: bool):
         model.zero_grad(set_to_none=True)
         layouts = []
-        with sample.autocast("cpu", True), (fastpath.sparse_embedding_grad(model) if sparse else nullcontext()):
+        with sample.autocast("cpu", True), (fastpath.sparse_embedding_grad(model, V) if sparse else nullcontext()):
             for mb in (torch.arange(0, 5), torch.arange(5, 10)):  # whole groups: 2 0 0 3 1 | 1 3 4 4 4
                 logp = sample.token_logprobs(model, ids[mb], attn[mb], P, 1.0, groups=groups[mb])  # [5, T]
                 with sample.autocast("cpu", False):
@@ -265,10 +266,20 @@ def test_sparse_embedding_grad_sums_the_dense_gradient(base, tied):
     assert emb.weight.grad is None and not emb.sparse  # as it was before: a plain Embedding
     assert all(g.layout == torch.strided for g in summed.values())
     assert_grads_close(summed, dense, rel=1e-6, what="sparse embedding gradient")
-    emb.weight.requires_grad_(False)  # not trained (LoRA): left alone
-    with fastpath.sparse_embedding_grad(model):
+    with fastpath.sparse_embedding_grad(model, V + 1):  # more tokens than ids: left dense
         assert not emb.sparse
-    emb.weight.requires_grad_(True)
+    emb.weight.requires_grad_(False)  # not trained (LoRA): left alone
+    try:
+        with fastpath.sparse_embedding_grad(model, V):
+            assert not emb.sparse
+    finally:
+        emb.weight.requires_grad_(True)
+    with pytest.raises(MemoryError):  # an exception inside: the half-summed gradient dropped, the layer plain again
+        with fastpath.sparse_embedding_grad(model, V):
+            sample.token_logprobs(model, ids[:5], attn[:5], P, 1.0, groups=groups[:5]).sum().backward()
+            raise MemoryError
+    assert emb.weight.grad is None and not emb.sparse
+    model.zero_grad(set_to_none=True)
 
 
 def test_micro_batches_take_every_row_once_in_the_order_of_fewer_columns():
