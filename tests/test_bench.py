@@ -380,6 +380,26 @@ def test_training_flops_counts_six_a_weight_a_token_and_prompts_without_the_outp
     assert workload.training_flops(cfg, 3, 2) == 18720
 
 
+def test_training_mfu_counts_the_timed_steps_own_prompts(monkeypatch):
+    # the model of the test above: 576 multiplying weights, an output layer of 80. 2 prompts x 2 rollouts, every
+    # group mixed, responses of 3 tokens: 12 response tokens. The timed steps' prompts 5 tokens each: 6 x (576 x
+    # (12 + 2 x 5) + 80 x 12) = 6 x 13,632 = 81,792 FLOP in 1 s, 50 % of 163,584. A record without them takes the
+    # workload's first-step prompts, 2 tokens each: 6 x (576 x 16 + 960) = 61,056 FLOP, 37 %.
+    import transformers
+    cfg = transformers.Qwen2Config(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1, vocab_size=10)
+    w = types.SimpleNamespace(config=cfg, prompt_tokens=2, args=types.SimpleNamespace(
+        prompts_per_step=2, group_size=2, bf16=False))
+    monkeypatch.setattr(steps, "again", lambda *a: 163584.0)  # the reading after the steps, the higher one
+    limits = {"float32": {"train": 1.0}}
+    table = tables.Table("t")
+    record = {"zero_adv_groups": 0.0, "response_len": 3, "time_train": 1.0}
+    steps.training_mfu(table, w, "grpo", {**record, "prompt_tokens": 5.0}, limits)
+    steps.training_mfu(table, w, "grpo", {**record, "prompt_tokens": float("nan")}, limits)
+    assert [r[2:] for r in table.rows] == [("81.8 kFLOP/s", "163.6 kFLOP/s", "50 %"),
+                                           ("61.1 kFLOP/s", "163.6 kFLOP/s", "37 %")]
+
+
 def test_a_length_given_after_the_dashes_is_oar_ps_too():
     # on the CPU, OAR-P's step runs at the setting's short length unless a length is given for every method (its
     # cost at 128 tokens against grpo's, issue 39), in any form argparse takes

@@ -71,6 +71,9 @@ def test_short_run_raises_reward(base, tmp_path, method):
     # the groups that mix right and wrong, counted though GRPO keeps every group: those with a non-zero advantage
     assert all(m["groups_mixed"] == round(16 * (1 - m["zero_adv_groups"])) for m in steps)
     assert len({m["groups_mixed"] for m in steps}) > 1
+    # the prompts' own tokens (bench's training MFU counts them): a mean without the left padding
+    assert all(0 < m["prompt_tokens"] <= m["prompt_len"] for m in steps)
+    assert any(m["prompt_tokens"] < m["prompt_len"] for m in steps)
 
 
 def measured(path) -> list:

@@ -1,6 +1,7 @@
 """Seconds a step of each method, each run through train.py in its own process (nothing imports train.py), the
 methods taking turns; split into sampling, advantage and training; and the training pass's MFU."""
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -64,7 +65,8 @@ def forward_scoring(method: str) -> bool:
 
 
 def step_medians(records: list) -> dict:
-    keys = ("time_step", "time_sample", "time_advantage", "time_train", "response_len", "zero_adv_groups")
+    keys = ("time_step", "time_sample", "time_advantage", "time_train", "response_len", "zero_adv_groups",
+            "prompt_tokens")
     return {k: median([x[k] for x in records if x.get(k) is not None]) for k in keys}
 
 
@@ -95,13 +97,15 @@ def training_mfu(table: Table, w: Workload, method: str, r: dict, limits: dict):
     """Training MFU of a method's step: model FLOPs a second (workload.training_flops) over the matmul peak at the
     training shape in the precision used, the higher of its readings before and after the steps, over the tokens
     trained on: the responses of the rollouts of the groups that mixed right and wrong (1 - zero_adv_groups of
-    them) and each of those groups' prompt once."""
+    them) and each of those groups' prompt once, of the timed steps' own prompts (each step draws other problems;
+    the workload's first-step prompts where a record has none)."""
     if not limits:
         return
     a = w.args
     mixed = 1 - r["zero_adv_groups"]
     responses = mixed * a.prompts_per_step * a.group_size * r["response_len"]
-    prompts = mixed * a.prompts_per_step * w.prompt_tokens
+    own = r.get("prompt_tokens", math.nan)  # nan where no record had it (step_medians)
+    prompts = mixed * a.prompts_per_step * (w.prompt_tokens if math.isnan(own) else own)
     flops = training_flops(w.config, responses, prompts) / r["time_train"]
     precision = "bfloat16" if a.bf16 else "float32"
     peak = max(limits[precision]["train"], again(table, limits, precision, "train"))  # the machine's, not a neighbour's

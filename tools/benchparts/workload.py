@@ -24,7 +24,9 @@ class Setting:
     length-parity grader's first step may train on few rows) ran slower than the next ones: 13.9 s, then 8.9-10.1 s
     in the four steps after; a cProfile'd run alike, 13.90 then 9.82 s. Its pass alone is slower the first time a
     process runs it (first page faults, or kernels made for new shapes: not separated; docs/LOG.md, 2026-11-27,
-    eleventh session). The 0.5B showed no such step."""
+    eleventh session). The 0.5B's bf16 step 3 still ran slower than its steps 4 and 5, in all 6 runs of an A/B of
+    train.py at its setting (training 22.2-24.7 s against 18.8-23.3 s; docs/LOG.md, 2026-11-27, thirteenth
+    session: its early updates meet memory the process touches first): its setting leaves out three and times two."""
     flags: tuple
     steps: int = 3
     warmup: int = 2
@@ -56,7 +58,7 @@ SETTINGS = {
     # --dry-run plans 29.8 GiB). TRL's GRPOTrainer at 8 x 8 was killed at 24.4 GB resident, with per-device batches of
     # 64 and of 16 (same entry): it is compared at 2 x 8
     "qwen2.5-coder-0.5b": Setting(("--dataset", "gsm8k") + RECIPE + ("--micro-batch-size", "16"), short=SHORT,
-                                  trl_prompts=2),
+                                  trl_prompts=2, steps=5, warmup=3),
     "qwen2.5-coder-1.5b": Setting(("--dataset", "gsm8k") + RECIPE + ("--micro-batch-size", "16"), short=SHORT,
                                   trl_prompts=2),
 }
