@@ -97,8 +97,8 @@ def training_mfu(table: Table, w: Workload, method: str, r: dict, limits: dict):
     """Training MFU of a method's step: model FLOPs a second (workload.training_flops) over the matmul peak at the
     training shape in the precision used, the higher of its readings before and after the steps, over the tokens
     trained on: the responses of the rollouts of the groups that mixed right and wrong (1 - zero_adv_groups of
-    them) and each of those groups' prompt once, of the timed steps' own prompts (each step draws other problems;
-    the workload's first-step prompts where a record has none)."""
+    them) and, once a mixed group, the step's mean prompt (its record's prompt_tokens: each step draws other
+    problems; the workload's first-step prompts where no record has it)."""
     if not limits:
         return
     a = w.args

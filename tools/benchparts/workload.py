@@ -52,11 +52,12 @@ SETTINGS = {
     # the tiny default as earlier entries of docs/LOG.md measured it: 16 prompts x 8, 48 new tokens, the real grader
     "tiny": Setting(("--prompts-per-step", "16", "--group-size", "8"), steps=14, warmup=4, rounds=2, repeat=11),
     "smollm2-135m": Setting(("--dataset", "arith") + RECIPE, short=SHORT),
-    # about 5x (0.5B) and 13x (1.5B) SmolLM2's work: one and three hours on 2 cores at two steps a method, about a third
-    # more at three. Micro-batches of 16: at 64 rows a micro-batch the 0.5B's train.py reached 18.7-19.5 GB resident in
-    # its second step and, with the bench's own process beside it, the machine's 24 GB ran out (docs/LOG.md, 2026-11-26;
-    # --dry-run plans 29.8 GiB). TRL's GRPOTrainer at 8 x 8 was killed at 24.4 GB resident, with per-device batches of
-    # 64 and of 16 (same entry): it is compared at 2 x 8
+    # about 5x (0.5B) and 13x (1.5B) SmolLM2's work: estimated one and three hours on 2 cores at two steps a method (the
+    # 0.5B's bench with --trl --methods grpo at five steps, three left out: 698 s on 2026-11-27). Micro-batches of 16:
+    # at 64 rows a micro-batch the 0.5B's train.py reached 18.7-19.5 GB resident in its second step and, with the
+    # bench's own process beside it, the machine's 24 GB ran out (docs/LOG.md, 2026-11-26; --dry-run plans 29.8 GiB).
+    # TRL's GRPOTrainer at 8 x 8 was killed at 24.4 GB resident, with per-device batches of 64 and of 16 (same entry):
+    # it is compared at 2 x 8
     "qwen2.5-coder-0.5b": Setting(("--dataset", "gsm8k") + RECIPE + ("--micro-batch-size", "16"), short=SHORT,
                                   trl_prompts=2, steps=5, warmup=3),
     "qwen2.5-coder-1.5b": Setting(("--dataset", "gsm8k") + RECIPE + ("--micro-batch-size", "16"), short=SHORT,
