@@ -41,16 +41,26 @@ def huge_pages():
     os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
+def glibc():
+    """The C library where it is glibc (its malloc's settings: mallopt, malloc_trim), else None (macOS, musl)."""
+    import ctypes
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+
+
 def keep_freed_memory(size: int = KEEP) -> bool:
     """glibc's malloc serves blocks up to `size` bytes from the heap and keeps freed memory up to `size` in the
     process (its mmap and trim thresholds, each set on its own). True where it took both; False where mallopt
-    refused either (the other may still be set) or the C library is not glibc (macOS, musl: left alone).
+    refused either (the other may still be set) or the C library is not glibc (left alone).
     memory.release_freed_memory() still hands memory back when asked."""
     import ctypes
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    libc = glibc()
+    if libc is None:
         return False
+    mallopt = libc.mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     took = [mallopt(M_MMAP_THRESHOLD, size), mallopt(M_TRIM_THRESHOLD, size)]
     return all(took)

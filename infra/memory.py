@@ -6,7 +6,7 @@ import sys
 import torch
 import transformers
 
-from infra import lora
+from infra import cpu, lora
 
 GiB = 1024 ** 3
 
@@ -41,11 +41,9 @@ def release_freed_memory():
     to 32 MB by default, up to 2 GB under cpu.keep_freed_memory), so without this a phase's resident set starts
     with the last phase's freed activations (at 1.5B more than twice what was live: docs/LOG.md, 2026-11-24).
     Elsewhere than glibc, nothing."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    libc = cpu.glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def reset_peak(device: str, release: bool = True):
