@@ -293,9 +293,11 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, 
         # One autocast region for the whole update: autocast keeps its bf16 copy of each weight until its
         # outermost region ends, and the weights change only at the optimizer step, so the copies are made once
         # here, not per micro-batch. The loss and its backward run with autocast off, inside it, as before.
-        # The embeddings' gradient is summed sparse over the micro-batches and made dense once (speed only: the
-        # same sum, in another order).
-        with sample.autocast(args.device, args.bf16), fastpath.sparse_embedding_grad(model, len(rows) * ids.shape[1]):
+        # Speed only: the embeddings' gradient is summed sparse over the micro-batches and made dense once (the
+        # same sum, in another order); on a CPU the attention runs as matmuls, not torch's flash kernel (the same
+        # numbers in float32; under bf16 another rounding of the same size, docs/LOG.md).
+        with (sample.autocast(args.device, args.bf16), fastpath.attention_by_products(model),
+              fastpath.sparse_embedding_grad(model, len(rows) * ids.shape[1])):
             for mb in micro_batches:  # [n] rollouts
                 t = int(lengths[mb].max())  # the micro-batch's longest response: the columns after it are padding
                 logp = sample.token_logprobs(model, ids[mb, :P + t], attn[mb, :P + t], P, args.temperature,

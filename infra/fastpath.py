@@ -14,6 +14,8 @@ the sampler and the scorer do; this is how two of their forwards are made fast, 
                          whole rows as the "prompts", OAR-P's copies run only from their perturbed token on
     logits_after_prompt  the forward after a shared prompt, the last layer run only for the columns read (OAR)
     sparse_embedding_grad  train.update's embedding gradient summed sparse over micro-batches, made dense once
+    attention_by_products  train.update's attention on a CPU: product_attention, two matmuls a chunk of queries,
+                         recomputed in the backward; equals SDPA's outputs and gradients
 
 Which model goes which way (any other model takes the plain path, the model's own forward, in sample.py / oar.py):
 
@@ -28,8 +30,10 @@ point one way.
 import contextlib
 
 import torch
-from transformers import DynamicCache
+from transformers import AttentionInterface, DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 
@@ -183,6 +187,83 @@ def sparse_embedding_grad(model, tokens: int):
         emb.sparse = False
     if emb.weight.grad is not None and emb.weight.grad.is_sparse:
         emb.weight.grad = emb.weight.grad.to_dense()
+
+
+# The name product_attention is registered under in HF's attention interface, with SDPA's masks (boolean, or None
+# where the mask is plain causal). Scores of at most ATTENTION_CHUNK bytes (float32) exist at once: queries are taken
+# in chunks that fit (the [rows, heads, queries, keys] scores of one chunk).
+PRODUCTS = "products"
+ATTENTION_CHUNK = 64 * 2**20
+
+
+@contextlib.contextmanager
+def attention_by_products(model):
+    """Inside it, a CPU model whose attention is SDPA's runs product_attention instead (left as it is elsewhere).
+    Why: torch's CPU flash-attention kernel, SDPA's choice there, spends the most time for the least arithmetic of a
+    small model's training pass; its backward took 49.5 ms of a SmolLM2-135M layer's responses where HF's eager took
+    14.7 (bf16 autocast, the bench's 64 rows of 111 prompt + 40 response tokens). A whole pass at that setting, 5
+    rounds taking turns: 7.02 s with SDPA, 5.62 s with this (1.25x); Qwen2.5-0.5B at its 16 rows: 4.32 -> 3.94 s
+    (1.10x); the process's peak 7.05 -> 6.46 GiB (docs/LOG.md, 2026-11-27, fourteenth session). Eager attention is as
+    fast but keeps each layer's [rows, heads, queries, keys] weights for the backward (0.74 GB a row a layer at
+    docs/gpu.md's 3,200 tokens); product_attention keeps its inputs and recomputes the weights."""
+    before = model.config._attn_implementation
+    if before != "sdpa" or next(model.parameters()).device.type != "cpu":
+        yield
+        return
+    model.set_attn_implementation(PRODUCTS)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+
+def product_attention(module, query, key, value, attention_mask, scaling: float = None, dropout: float = 0.0,
+                      **kwargs):
+    """HF's attention interface (sdpa_attention_forward's arguments): query [B, H, Tq, D], key and value
+    [B, Hkv, Tk, D], attention_mask [B, 1, Tq, Tk] boolean (True: attends) or None (causal, or one query row).
+    Returns (out [B, Tq, H, D], None). The queries in chunks of ATTENTION_CHUNK bytes of scores, each through
+    _attend under activation checkpointing where a gradient is taken: the backward recomputes a chunk's weights
+    instead of keeping them. SDPA's own path where this one would not give its numbers: off a CPU, attention
+    dropout while training, a soft cap or sinks, or a mask per head."""
+    plain = (query.device.type == "cpu" and not (dropout and module.training)
+             and all(kwargs.get(k) is None for k in ("softcap", "s_aux", "sinks", "position_bias", "cache"))
+             and (attention_mask is None or attention_mask.shape[1] == 1))
+    if not plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    B, H, Tq, D = query.shape
+    Tk = key.shape[2]
+    scaling = D ** -0.5 if scaling is None else scaling
+    if attention_mask is None and Tq > 1 and kwargs.get("is_causal", getattr(module, "is_causal", True)):
+        attention_mask = torch.ones(Tq, Tk, dtype=torch.bool, device=query.device).tril(Tk - Tq)[None, None]
+    chunk = max(1, ATTENTION_CHUNK // (B * H * Tk * 4))  # queries a chunk
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    out = []
+    for s in range(0, Tq, chunk):
+        m = None if attention_mask is None else attention_mask[:, :, s:s + chunk]  # [B or 1, 1, c, Tk]
+        args = (query[:, :, s:s + chunk], key, value, m, scaling)
+        out.append(torch.utils.checkpoint.checkpoint(_attend, *args, use_reentrant=False) if grad else _attend(*args))
+    return torch.cat(out, 2).transpose(1, 2).contiguous(), None  # [B, Tq, H, D]
+
+
+def _attend(q, k, v, mask, scaling: float):
+    """softmax(q k^T * scaling, masked) v for q [B, H, c, D], k and v [B, Hkv, Tk, D], mask [B or 1, 1, c, Tk] or
+    None: [B, H, c, D]. A key/value head's H/Hkv query heads are stacked along the query axis, so each product is
+    one batched matmul over [B, Hkv] without copying the keys (grouped-query attention). The softmax is float32
+    (float64 for float64 inputs); a row with every key masked gets weights 0 (as SDPA), not NaN."""
+    B, H, c, D = q.shape
+    Hkv, Tk = k.shape[1], k.shape[2]
+    G = H // Hkv
+    scores = torch.matmul(q.reshape(B, Hkv, G * c, D), k.transpose(-1, -2))  # [B, Hkv, G*c, Tk]
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).view(B, Hkv, G, c, Tk) * scaling
+    if mask is not None:
+        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))  # mask [B, 1, 1, c, Tk]
+    weights = torch.softmax(scores, -1).nan_to_num(0.0).to(v.dtype)  # [B, Hkv, G, c, Tk]; all masked: nan -> 0
+    return torch.matmul(weights.view(B, Hkv, G * c, Tk), v).view(B, H, c, D)  # [B, H, c, D]
+
+
+AttentionInterface.register(PRODUCTS, product_attention)
+AttentionMaskInterface.register(PRODUCTS, sdpa_mask)
 
 
 class Decoder:

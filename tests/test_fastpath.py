@@ -282,6 +282,109 @@ def test_sparse_embedding_grad_sums_the_dense_gradient(base, tied):
     model.zero_grad(set_to_none=True)
 
 
+def attention_case(case: str):
+    """query [2, 4, Tq, 8], key and value [2, 2, Tk, 8] (two query heads a key/value head), float64, and SDPA's
+    mask: "cache" 3 queries after 4 cached keys, row 1 left-padded by 2 and its first query seeing only padding (a
+    row of weights all masked); "causal" 5 queries over themselves, mask None; "one" a single query, mask None."""
+    g = torch.Generator().manual_seed(0)
+    Tq, Tk = {"cache": (3, 7), "causal": (5, 5), "one": (1, 6)}[case]
+    q, k, v = (torch.randn(2, h, t, 8, generator=g, dtype=torch.float64, requires_grad=True)
+               for h, t in ((4, Tq), (2, Tk), (2, Tk)))
+    mask = None
+    if case == "cache":
+        mask = torch.ones(Tq, Tk, dtype=torch.bool).tril(Tk - Tq)[None, None].repeat(2, 1, 1, 1)  # [2, 1, Tq, Tk]
+        mask[1, :, :, :2] = False  # row 1's padding
+        mask[1, :, 0] = False  # its first query: every key masked
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("case,chunk_bytes", [("cache", None), ("cache", 1), ("causal", None), ("causal", 600),
+                                               ("one", None)])
+def test_product_attention_gives_sdpas_outputs_and_gradients(case, chunk_bytes, monkeypatch):
+    # product_attention against HF's SDPA forward on the same arguments, in float64: outputs and the gradients of
+    # query, key and value (sums of products in another order: equal to 1e-12). chunk_bytes: queries in chunks
+    # (1 byte: one query a chunk; 600: three of "causal"'s 5, a query's scores 2 rows x 4 heads x 5 keys x 4 bytes).
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    if chunk_bytes:
+        monkeypatch.setattr(fastpath, "ATTENTION_CHUNK", chunk_bytes)
+    module = random_llama_attention()
+    up = torch.randn(2, {"cache": 3, "causal": 5, "one": 1}[case], 4, 8, dtype=torch.float64)  # [B, Tq, H, D]
+    got = []
+    for attend in (sdpa_attention_forward, fastpath.product_attention):
+        q, k, v, mask = attention_case(case)
+        out, _ = attend(module, q, k, v, mask, scaling=0.3, dropout=0.0)  # [B, Tq, H, D]
+        (out * up).sum().backward()
+        got.append([out.detach(), q.grad, k.grad, v.grad])
+    for what, a, b in zip(("output", "query's gradient", "key's", "value's"), *got):
+        assert a.shape == b.shape, what
+        assert_close(b, a, rel=1e-12, what=what)
+    if case == "cache":  # the query that sees only padding: 0, as SDPA gives it, and no NaN anywhere
+        assert (got[1][0][1, 0] == 0).all() and not any(t.isnan().any() for t in got[1])
+
+
+def random_llama_attention():
+    """An attention layer with two query heads a key/value head (random_llama's shapes), as HF passes it."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
+    return LlamaAttention(LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2), layer_idx=0)
+
+
+def test_product_attention_keeps_its_inputs_not_its_weights():
+    # Under a gradient each chunk runs under activation checkpointing: no tensor of the weights' shape (queries x
+    # keys) is kept for the backward, which recomputes them (as SDPA's kernel keeps none).
+    q, k, v, mask = attention_case("cache")
+    kept = []
+
+    def pack(t):
+        kept.append((tuple(t.shape), t.dtype))
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out, _ = fastpath.product_attention(random_llama_attention(), q, k, v, mask, scaling=0.3)
+    out.sum().backward()
+    assert ((2, 2, 7, 8), torch.float64) in kept  # the keys: what is kept is seen
+    assert not [s for s, dtype in kept if dtype.is_floating_point and s[-1] == 7], kept  # scores, weights: [.., 7]
+    assert q.grad is not None and k.grad is not None
+
+
+def test_product_attention_leaves_to_sdpa_what_it_does_not_write_out():
+    # Attention dropout while training, and a soft cap: SDPA's own path (the same random numbers under the same
+    # seed; SDPA refuses a soft cap with its own error).
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    module = random_llama_attention().train()
+    q, k, v, mask = attention_case("cache")
+    outs = []
+    for attend in (sdpa_attention_forward, fastpath.product_attention):
+        torch.manual_seed(0)
+        outs.append(attend(module, q, k, v, mask, scaling=0.3, dropout=0.5)[0])
+    assert torch.equal(*outs)
+    with pytest.raises(ValueError, match="softcap"):
+        fastpath.product_attention(module, q, k, v, mask, scaling=0.3, softcap=30.0)
+
+
+def test_attention_by_products_gives_the_plain_logprobs_and_gradients(base):
+    # train.update's forward and backward inside fastpath.attention_by_products: the tiny model's attention is
+    # product_attention there (its prompts shared, left padding, grouped-query heads) and SDPA's again after it,
+    # also after an exception; the log-probs and gradients those of SDPA to float32 rounding.
+    model, tok = base
+    ids, attn, P, m, groups = shared_prompt_case(model, tok, 0)
+    assert model.config._attn_implementation == "sdpa"
+    got = []
+    for fast in (False, True):
+        with fastpath.attention_by_products(model) if fast else nullcontext():
+            assert model.config._attn_implementation == ("products" if fast else "sdpa")
+            logp = sample.token_logprobs(model, ids, attn, P, 1.0, groups=groups)  # [N, T]
+            (logp * m).sum().backward()
+        got.append((logp.detach() * m, grads_of(model)))
+        model.zero_grad(set_to_none=True)
+    assert model.config._attn_implementation == "sdpa"
+    assert_close(got[1][0], got[0][0], rel=1e-5, what="log-probs")
+    assert_grads_close(got[1][1], got[0][1], rel=1e-5, what="gradients")
+    with pytest.raises(MemoryError):
+        with fastpath.attention_by_products(model):
+            raise MemoryError
+    assert model.config._attn_implementation == "sdpa"
+
+
 def test_micro_batches_take_every_row_once_in_the_order_of_fewer_columns():
     # train.update's micro-batches: every scored row exactly once (the accumulated gradient is the same sum), at
     # most `size` rows each, in the cheaper of two orders. Columns = distinct prompts x P + rows x longest response.

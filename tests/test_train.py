@@ -207,6 +207,24 @@ def test_out_of_memory_is_one_line_naming_the_phase_and_keeps_the_checkpoint(bas
     assert torch.load(run_dir / "checkpoint" / "state.pt", weights_only=False)["step"] == last["step"] - 1
 
 
+def test_an_update_attends_by_products_on_a_cpu(tmp_path, monkeypatch):
+    # train.update's forward and backward run fastpath.product_attention (the tiny model's attention is SDPA's);
+    # sampling and evaluation stay on the model's own: every call of it is in a training pass, under a gradient.
+    from transformers import AttentionInterface
+    from infra import fastpath
+    calls, real = [], AttentionInterface._global_mapping[fastpath.PRODUCTS]
+
+    def counted(*a, **kw):
+        calls.append(torch.is_grad_enabled())
+        return real(*a, **kw)
+    monkeypatch.setitem(AttentionInterface._global_mapping, fastpath.PRODUCTS, counted)
+    train.main(["--steps", "2", "--prompts-per-step", "4", "--group-size", "4", "--eval-every", "1000",
+                "--eval-limit", "4", "--save-every", "1000", "--run-dir", str(tmp_path / "run")])
+    trained = [r for r in read(tmp_path / "run" / "metrics.jsonl") if r.get("zero_adv_groups", 1) < 1]
+    assert trained, "no step trained: choose another seed"
+    assert calls and all(calls)
+
+
 def test_an_update_casts_each_weight_once_for_all_its_micro_batches(base, tmp_path, monkeypatch):
     # --bf16: train.update runs an update's micro-batches in one autocast region, so autocast copies each weight
     # once an update; with --mu 2 the second update copies the weights the first one changed, once again. A region
