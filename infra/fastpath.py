@@ -15,7 +15,7 @@ the sampler and the scorer do; this is how two of their forwards are made fast, 
     logits_after_prompt  the forward after a shared prompt, the last layer run only for the columns read (OAR)
     sparse_embedding_grad  train.update's embedding gradient summed sparse over micro-batches, made dense once
     attention_by_products  train.update's attention on a CPU: product_attention, two matmuls a chunk of queries,
-                         recomputed in the backward; equals SDPA's outputs and gradients
+                         recomputed in the backward; equals SDPA's outputs and gradients (in float32 and float64)
 
 Which model goes which way (any other model takes the plain path, the model's own forward, in sample.py / oar.py):
 
@@ -190,8 +190,8 @@ def sparse_embedding_grad(model, tokens: int):
 
 
 # The name product_attention is registered under in HF's attention interface, with SDPA's masks (boolean, or None
-# where the mask is plain causal). Scores of at most ATTENTION_CHUNK bytes (float32) exist at once: queries are taken
-# in chunks that fit (the [rows, heads, queries, keys] scores of one chunk).
+# where the mask is plain causal). Queries are taken in chunks whose float32 scores, [rows, heads, queries, keys],
+# take at most ATTENTION_CHUNK bytes (a chunk's masked scores, softmax and weights a few times that).
 PRODUCTS = "products"
 ATTENTION_CHUNK = 64 * 2**20
 
@@ -207,7 +207,8 @@ def attention_by_products(model):
     fast but keeps each layer's [rows, heads, queries, keys] weights for the backward (0.74 GB a row a layer at
     docs/gpu.md's 3,200 tokens); product_attention keeps its inputs and recomputes the weights."""
     before = model.config._attn_implementation
-    if before != "sdpa" or next(model.parameters()).device.type != "cpu":
+    switchable = getattr(model, "_can_set_attn_implementation", lambda: False)()  # HF's AttentionInterface layout
+    if before != "sdpa" or not switchable or next(model.parameters()).device.type != "cpu":
         yield
         return
     model.set_attn_implementation(PRODUCTS)
@@ -220,22 +221,25 @@ def attention_by_products(model):
 def product_attention(module, query, key, value, attention_mask, scaling: float = None, dropout: float = 0.0,
                       **kwargs):
     """HF's attention interface (sdpa_attention_forward's arguments): query [B, H, Tq, D], key and value
-    [B, Hkv, Tk, D], attention_mask [B, 1, Tq, Tk] boolean (True: attends) or None (causal, or one query row).
+    [B, Hkv, Tk, D], attention_mask [B, 1, Tq, Tk] boolean (True: attends) or None: causal from the first key as
+    SDPA's is_causal (query i sees keys 0..i), or every key for one query row or a layer that is not causal.
     Returns (out [B, Tq, H, D], None). The queries in chunks of ATTENTION_CHUNK bytes of scores, each through
     _attend under activation checkpointing where a gradient is taken: the backward recomputes a chunk's weights
     instead of keeping them. SDPA's own path where this one would not give its numbers: off a CPU, attention
-    dropout while training, a soft cap or sinks, or a mask per head."""
+    dropout while training, a soft cap or sinks, a mask per head or one of added values (not boolean)."""
     plain = (query.device.type == "cpu" and not (dropout and module.training)
              and all(kwargs.get(k) is None for k in ("softcap", "s_aux", "sinks", "position_bias", "cache"))
-             and (attention_mask is None or attention_mask.shape[1] == 1))
+             and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1)))
     if not plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     B, H, Tq, D = query.shape
     Tk = key.shape[2]
     scaling = D ** -0.5 if scaling is None else scaling
-    if attention_mask is None and Tq > 1 and kwargs.get("is_causal", getattr(module, "is_causal", True)):
-        attention_mask = torch.ones(Tq, Tk, dtype=torch.bool, device=query.device).tril(Tk - Tq)[None, None]
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal  # as sdpa_attention_forward reads it
+    if attention_mask is None and Tq > 1 and causal:
+        attention_mask = torch.ones(Tq, Tk, dtype=torch.bool, device=query.device).tril()[None, None]  # [1, 1, Tq, Tk]
     chunk = max(1, ATTENTION_CHUNK // (B * H * Tk * 4))  # queries a chunk
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     out = []
@@ -256,9 +260,10 @@ def _attend(q, k, v, mask, scaling: float):
     G = H // Hkv
     scores = torch.matmul(q.reshape(B, Hkv, G * c, D), k.transpose(-1, -2))  # [B, Hkv, G*c, Tk]
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).view(B, Hkv, G, c, Tk) * scaling
-    if mask is not None:
-        scores = scores.masked_fill(~mask[:, :, None], float("-inf"))  # mask [B, 1, 1, c, Tk]
-    weights = torch.softmax(scores, -1).nan_to_num(0.0).to(v.dtype)  # [B, Hkv, G, c, Tk]; all masked: nan -> 0
+    weights = torch.softmax(scores if mask is None else scores.masked_fill(~mask[:, :, None], float("-inf")), -1)
+    if mask is not None:  # a row with no key to see: 0, not softmax's NaN (NaNs of the inputs pass as in SDPA)
+        weights = weights.masked_fill(~mask.any(-1, keepdim=True)[:, :, None], 0.0)  # [B, Hkv, G, c, Tk]
+    weights = weights.to(v.dtype)
     return torch.matmul(weights.view(B, Hkv, G * c, Tk), v).view(B, H, c, D)  # [B, H, c, D]
 
 

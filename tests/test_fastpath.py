@@ -285,9 +285,11 @@ def test_sparse_embedding_grad_sums_the_dense_gradient(base, tied):
 def attention_case(case: str):
     """query [2, 4, Tq, 8], key and value [2, 2, Tk, 8] (two query heads a key/value head), float64, and SDPA's
     mask: "cache" 3 queries after 4 cached keys, row 1 left-padded by 2 and its first query seeing only padding (a
-    row of weights all masked); "causal" 5 queries over themselves, mask None; "one" a single query, mask None."""
+    row of weights all masked); "causal" 5 queries over themselves, mask None; "one" a single query, mask None;
+    "static" 3 queries over 7 keys, mask None (HF's prefill into an empty static cache: causal from the first key);
+    "full" 5 queries over themselves, mask None, a layer that is not causal (is_causal=False)."""
     g = torch.Generator().manual_seed(0)
-    Tq, Tk = {"cache": (3, 7), "causal": (5, 5), "one": (1, 6)}[case]
+    Tq, Tk = {"cache": (3, 7), "causal": (5, 5), "one": (1, 6), "static": (3, 7), "full": (5, 5)}[case]
     q, k, v = (torch.randn(2, h, t, 8, generator=g, dtype=torch.float64, requires_grad=True)
                for h, t in ((4, Tq), (2, Tk), (2, Tk)))
     mask = None
@@ -299,7 +301,7 @@ def attention_case(case: str):
 
 
 @pytest.mark.parametrize("case,chunk_bytes", [("cache", None), ("cache", 1), ("causal", None), ("causal", 600),
-                                               ("one", None)])
+                                               ("one", None), ("static", None), ("full", None)])
 def test_product_attention_gives_sdpas_outputs_and_gradients(case, chunk_bytes, monkeypatch):
     # product_attention against HF's SDPA forward on the same arguments, in float64: outputs and the gradients of
     # query, key and value (sums of products in another order: equal to 1e-12). chunk_bytes: queries in chunks
@@ -308,11 +310,13 @@ def test_product_attention_gives_sdpas_outputs_and_gradients(case, chunk_bytes, 
     if chunk_bytes:
         monkeypatch.setattr(fastpath, "ATTENTION_CHUNK", chunk_bytes)
     module = random_llama_attention()
-    up = torch.randn(2, {"cache": 3, "causal": 5, "one": 1}[case], 4, 8, dtype=torch.float64)  # [B, Tq, H, D]
+    up = torch.randn(2, {"cache": 3, "causal": 5, "one": 1, "static": 3, "full": 5}[case], 4, 8,
+                     dtype=torch.float64)  # [B, Tq, H, D]
+    extra = {"is_causal": False} if case == "full" else {}
     got = []
     for attend in (sdpa_attention_forward, fastpath.product_attention):
         q, k, v, mask = attention_case(case)
-        out, _ = attend(module, q, k, v, mask, scaling=0.3, dropout=0.0)  # [B, Tq, H, D]
+        out, _ = attend(module, q, k, v, mask, scaling=0.3, dropout=0.0, **extra)  # [B, Tq, H, D]
         (out * up).sum().backward()
         got.append([out.detach(), q.grad, k.grad, v.grad])
     for what, a, b in zip(("output", "query's gradient", "key's", "value's"), *got):
@@ -347,8 +351,8 @@ def test_product_attention_keeps_its_inputs_not_its_weights():
 
 
 def test_product_attention_leaves_to_sdpa_what_it_does_not_write_out():
-    # Attention dropout while training, and a soft cap: SDPA's own path (the same random numbers under the same
-    # seed; SDPA refuses a soft cap with its own error).
+    # Attention dropout while training, a mask of added values and a soft cap: SDPA's own path (the same random
+    # numbers under the same seed, the same bits; SDPA refuses a soft cap with its own error).
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     module = random_llama_attention().train()
     q, k, v, mask = attention_case("cache")
@@ -357,8 +361,38 @@ def test_product_attention_leaves_to_sdpa_what_it_does_not_write_out():
         torch.manual_seed(0)
         outs.append(attend(module, q, k, v, mask, scaling=0.3, dropout=0.5)[0])
     assert torch.equal(*outs)
+    added = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, -1e9)  # a mask of added values
+    module.eval()
+    outs = [attend(module, q, k, v, added, scaling=0.3)[0] for attend in (sdpa_attention_forward,
+                                                                          fastpath.product_attention)]
+    assert torch.equal(*outs)
     with pytest.raises(ValueError, match="softcap"):
         fastpath.product_attention(module, q, k, v, mask, scaling=0.3, softcap=30.0)
+
+
+def test_product_attention_under_bf16_autocast_recomputes_its_own_numbers():
+    # train.update's precision: float32 inputs under bf16 autocast, the backward outside it. The checkpointed
+    # chunks recompute the very numbers of a plain run of _attend (the same bits); against SDPA under the same
+    # autocast they differ by bf16 rounding (scores rounded to bf16 before the softmax), 1e-2 of the scale here.
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    module = random_llama_attention()
+    got = {}
+    for way in ("sdpa", "products", "plain"):
+        q, k, v, mask = (t.float().detach().requires_grad_() if t.dtype == torch.float64 else t
+                         for t in attention_case("cache"))
+        with sample.autocast("cpu", True):
+            if way == "plain":
+                out = fastpath._attend(q, k, v, mask, 0.3).transpose(1, 2)  # [B, Tq, H, D]
+            else:
+                out, _ = {"sdpa": sdpa_attention_forward, "products": fastpath.product_attention}[way](
+                    module, q, k, v, mask, scaling=0.3)
+        out.float().square().sum().backward()
+        got[way] = [out.detach().float(), q.grad, k.grad, v.grad]
+    assert got["products"][0].dtype == torch.float32 and not any(t.isnan().any() for t in got["products"])
+    for a, b in zip(got["products"], got["plain"]):
+        assert torch.equal(a, b)
+    for what, a, b in zip(("output", "query's gradient", "key's", "value's"), got["products"], got["sdpa"]):
+        assert_close(a, b, rel=2e-2, what=what)
 
 
 def test_attention_by_products_gives_the_plain_logprobs_and_gradients(base):
@@ -383,6 +417,12 @@ def test_attention_by_products_gives_the_plain_logprobs_and_gradients(base):
         with fastpath.attention_by_products(model):
             raise MemoryError
     assert model.config._attn_implementation == "sdpa"
+    model.set_attn_implementation("eager")  # a model on another attention: left on it
+    try:
+        with fastpath.attention_by_products(model):
+            assert model.config._attn_implementation == "eager"
+    finally:
+        model.set_attn_implementation("sdpa")
 
 
 def test_micro_batches_take_every_row_once_in_the_order_of_fewer_columns():
