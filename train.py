@@ -295,7 +295,7 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, 
         # here, not per micro-batch. The loss and its backward run with autocast off, inside it, as before.
         # Speed only: the embeddings' gradient is summed sparse over the micro-batches and made dense once (the
         # same sum, in another order); on a CPU the attention runs as matmuls, not torch's flash kernel (the same
-        # numbers in float32; under bf16 other roundings, 11-17 % further from float32 than SDPA's: docs/LOG.md).
+        # numbers in float32; under bf16 other roundings, 11-18 % further from float32 than SDPA's: docs/LOG.md).
         with (sample.autocast(args.device, args.bf16), fastpath.attention_by_products(model),
               fastpath.sparse_embedding_grad(model, len(rows) * ids.shape[1])):
             for mb in micro_batches:  # [n] rollouts

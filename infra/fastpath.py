@@ -198,13 +198,13 @@ ATTENTION_CHUNK = 64 * 2**20
 
 @contextlib.contextmanager
 def attention_by_products(model):
-    """Inside it, a CPU model whose attention is SDPA's runs product_attention instead (left as it is elsewhere).
-    Why: torch's CPU flash-attention kernel, SDPA's choice there, spends the most time for the least arithmetic of a
-    small model's training pass; its backward took 49.5 ms of a SmolLM2-135M layer's responses where HF's eager took
-    14.7 (bf16 autocast, the bench's 64 rows of 111 prompt + 40 response tokens). A whole pass at that setting, 5
-    rounds taking turns: 7.02 s with SDPA, 5.62 s with this (1.25x); Qwen2.5-0.5B at its 16 rows: 4.32 -> 3.94 s
-    (1.10x); the process's peak 7.05 -> 6.46 GiB (docs/LOG.md, 2026-11-27, fourteenth session). Eager attention is as
-    fast but keeps each layer's [rows, heads, queries, keys] weights for the backward (0.74 GB a row a layer at
+    """Inside it, a CPU model whose attention is SDPA's runs product_attention instead (left as it is elsewhere). Why:
+    torch's CPU flash-attention kernel, SDPA's choice there, spends the most time for the least arithmetic of a small
+    model's training pass; its backward took 49.5 ms of a SmolLM2-135M layer's responses where HF's eager took 14.7
+    (bf16 autocast, the bench's 64 rows of 111 prompt + 40 response tokens). A whole pass at that setting, taking turns:
+    7.02 -> 5.62 s (1.25x, 5 rounds), again 6.75 -> 5.66 s (1.19x, 3 rounds); Qwen2.5-0.5B at its 16 rows: 4.32 ->
+    3.94 s (1.10x); the process's peak 7.05 -> 6.46 GiB (docs/LOG.md, 2026-11-27, fourteenth session). Eager attention
+    is as fast but keeps each layer's [rows, heads, queries, keys] weights for the backward (0.74 GB a row a layer at
     docs/gpu.md's 3,200 tokens); product_attention keeps its inputs and recomputes the weights."""
     before = model.config._attn_implementation
     switchable = getattr(model, "_can_set_attn_implementation", lambda: False)()  # HF's AttentionInterface layout
@@ -226,10 +226,13 @@ def product_attention(module, query, key, value, attention_mask, scaling: float 
     Returns (out [B, Tq, H, D], None). The queries in chunks of ATTENTION_CHUNK bytes of scores, each through
     _attend under activation checkpointing where a gradient is taken: the backward recomputes a chunk's weights
     instead of keeping them. SDPA's own path where this one would not give its numbers: off a CPU, attention
-    dropout while training, a soft cap or sinks, a mask per head or one of added values (not boolean)."""
+    dropout while training, a soft cap or sinks, a mask per head, one of added values (not boolean) or one that
+    broadcasts over the queries or keys."""
+    m = attention_mask
     plain = (query.device.type == "cpu" and not (dropout and module.training)
              and all(kwargs.get(k) is None for k in ("softcap", "s_aux", "sinks", "position_bias", "cache"))
-             and (attention_mask is None or (attention_mask.dtype == torch.bool and attention_mask.shape[1] == 1)))
+             and (m is None or (m.dtype == torch.bool and m.dim() == 4 and m.shape[1] == 1
+                                and m.shape[2:] == (query.shape[2], key.shape[2]))))  # [B or 1, 1, Tq, Tk]
     if not plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)

@@ -301,7 +301,7 @@ def attention_case(case: str):
 
 
 @pytest.mark.parametrize("case,chunk_bytes", [("cache", None), ("cache", 1), ("causal", None), ("causal", 600),
-                                               ("one", None), ("static", None), ("full", None)])
+                                               ("one", None), ("static", None), ("full", None), ("full", 600)])
 def test_product_attention_gives_sdpas_outputs_and_gradients(case, chunk_bytes, monkeypatch):
     # product_attention against HF's SDPA forward on the same arguments, in float64: outputs and the gradients of
     # query, key and value (sums of products in another order: equal to 1e-12). chunk_bytes: queries in chunks
@@ -313,6 +313,8 @@ def test_product_attention_gives_sdpas_outputs_and_gradients(case, chunk_bytes, 
     up = torch.randn(2, {"cache": 3, "causal": 5, "one": 1, "static": 3, "full": 5}[case], 4, 8,
                      dtype=torch.float64)  # [B, Tq, H, D]
     extra = {"is_causal": False} if case == "full" else {}
+    if case == "full" and chunk_bytes:  # the layer's own attribute, no keyword (as an encoder's layer)
+        module.is_causal, extra = False, {}
     got = []
     for attend in (sdpa_attention_forward, fastpath.product_attention):
         q, k, v, mask = attention_case(case)
@@ -350,9 +352,10 @@ def test_product_attention_keeps_its_inputs_not_its_weights():
     assert q.grad is not None and k.grad is not None
 
 
-def test_product_attention_leaves_to_sdpa_what_it_does_not_write_out():
-    # Attention dropout while training, a mask of added values and a soft cap: SDPA's own path (the same random
-    # numbers under the same seed, the same bits; SDPA refuses a soft cap with its own error).
+def test_product_attention_leaves_to_sdpa_what_it_does_not_write_out(monkeypatch):
+    # Attention dropout while training, a mask of added values, one that broadcasts over the queries and a soft
+    # cap: SDPA's own path (the same random numbers under the same seed, the same bits; SDPA refuses a soft cap with
+    # its own error).
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     module = random_llama_attention().train()
     q, k, v, mask = attention_case("cache")
@@ -361,34 +364,41 @@ def test_product_attention_leaves_to_sdpa_what_it_does_not_write_out():
         torch.manual_seed(0)
         outs.append(attend(module, q, k, v, mask, scaling=0.3, dropout=0.5)[0])
     assert torch.equal(*outs)
-    added = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, -1e9)  # a mask of added values
     module.eval()
-    outs = [attend(module, q, k, v, added, scaling=0.3)[0] for attend in (sdpa_attention_forward,
+    added = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, -1e9)  # a mask of added values
+    keys = mask[:, :, :1]  # [2, 1, 1, 7]: one row of keys for every query, broadcast
+    monkeypatch.setattr(fastpath, "ATTENTION_CHUNK", 1)  # (a broadcast mask cannot be cut into query chunks)
+    for m in (added, keys):
+        outs = [attend(module, q, k, v, m, scaling=0.3)[0] for attend in (sdpa_attention_forward,
                                                                           fastpath.product_attention)]
-    assert torch.equal(*outs)
+        assert torch.equal(*outs)
     with pytest.raises(ValueError, match="softcap"):
         fastpath.product_attention(module, q, k, v, mask, scaling=0.3, softcap=30.0)
 
 
-def test_product_attention_under_bf16_autocast_recomputes_its_own_numbers():
+def test_product_attention_under_bf16_autocast_recomputes_its_own_numbers(monkeypatch):
     # train.update's precision: float32 inputs under bf16 autocast, the backward outside it. The checkpointed
-    # chunks recompute the very numbers of a plain run of _attend (the same bits); against SDPA under the same
-    # autocast they differ by bf16 rounding (scores rounded to bf16 before the softmax), 1e-2 of the scale here.
+    # chunks (one query each here) recompute the very numbers of plain runs of _attend over the same chunks (the
+    # same bits); against SDPA under the same autocast they differ by bf16 rounding (scores rounded to bf16 before the
+    # softmax), 1e-2 of the scale here. Both give bf16 outputs, as autocast's products do.
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    monkeypatch.setattr(fastpath, "ATTENTION_CHUNK", 1)
     module = random_llama_attention()
-    got = {}
+    got, dtypes = {}, {}
     for way in ("sdpa", "products", "plain"):
         q, k, v, mask = (t.float().detach().requires_grad_() if t.dtype == torch.float64 else t
                          for t in attention_case("cache"))
         with sample.autocast("cpu", True):
             if way == "plain":
-                out = fastpath._attend(q, k, v, mask, 0.3).transpose(1, 2)  # [B, Tq, H, D]
+                out = torch.cat([fastpath._attend(q[:, :, i:i + 1], k, v, mask[:, :, i:i + 1], 0.3)
+                                 for i in range(q.shape[2])], 2).transpose(1, 2)  # [B, Tq, H, D], as the chunks
             else:
                 out, _ = {"sdpa": sdpa_attention_forward, "products": fastpath.product_attention}[way](
                     module, q, k, v, mask, scaling=0.3)
         out.float().square().sum().backward()
-        got[way] = [out.detach().float(), q.grad, k.grad, v.grad]
-    assert got["products"][0].dtype == torch.float32 and not any(t.isnan().any() for t in got["products"])
+        got[way], dtypes[way] = [out.detach().float(), q.grad, k.grad, v.grad], out.dtype
+    assert dtypes == {"sdpa": torch.bfloat16, "products": torch.bfloat16, "plain": torch.bfloat16}
+    assert not any(t.isnan().any() for t in got["products"])
     for a, b in zip(got["products"], got["plain"]):
         assert torch.equal(a, b)
     for what, a, b in zip(("output", "query's gradient", "key's", "value's"), got["products"], got["sdpa"]):
@@ -423,6 +433,13 @@ def test_attention_by_products_gives_the_plain_logprobs_and_gradients(base):
             assert model.config._attn_implementation == "eager"
     finally:
         model.set_attn_implementation("sdpa")
+    with pytest.MonkeyPatch.context() as mp:  # one HF cannot switch at run time: not asked to (HF would warn)
+        calls = []
+        mp.setattr(type(model), "_can_set_attn_implementation", lambda self: False)
+        mp.setattr(model, "set_attn_implementation", lambda *a, **kw: calls.append(a))
+        with fastpath.attention_by_products(model):
+            assert model.config._attn_implementation == "sdpa"
+        assert calls == []
 
 
 def test_micro_batches_take_every_row_once_in_the_order_of_fewer_columns():

@@ -47,7 +47,8 @@ SHORT = ("--max-new-tokens", "16")
 
 # A real model's counts are sized so that `bench.py --model smollm2-135m --threads 2` ends in about 20 minutes on the
 # 2-core machine: the estimate in docs/LOG.md (2026-11-24, "how bench.py is sized"; float32 at 51 s a step) gives 17
-# minutes at two steps a method and about 22 at the three taken now (a bf16 step on a later host took 13-14 s).
+# minutes at two steps a method (a bf16 step on a later host took 13-14 s; in bf16 on 2026-11-27 about 10 s, and
+# `--trl --methods grpo` at SmolLM2's five steps took 379 s).
 SETTINGS = {
     # the tiny default as earlier entries of docs/LOG.md measured it: 16 prompts x 8, 48 new tokens, the real grader
     "tiny": Setting(("--prompts-per-step", "16", "--group-size", "8"), steps=14, warmup=4, rounds=2, repeat=11),
