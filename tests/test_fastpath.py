@@ -405,13 +405,16 @@ def test_product_attention_under_bf16_autocast_recomputes_its_own_numbers(monkey
         assert_close(a, b, rel=2e-2, what=what)
 
 
-def test_attention_by_products_gives_the_plain_logprobs_and_gradients(base):
+def test_attention_by_products_gives_the_plain_logprobs_and_gradients(base, monkeypatch):
     # train.update's forward and backward inside fastpath.attention_by_products: the tiny model's attention is
-    # product_attention there (its prompts shared, left padding, grouped-query heads) and SDPA's again after it,
-    # also after an exception; the log-probs and gradients those of SDPA to float32 rounding.
+    # product_attention there (its prompts shared, left padding, grouped-query heads: every call written out, none
+    # handed to SDPA) and SDPA's again after it, also after an exception; the log-probs and gradients those of SDPA
+    # to float32 rounding.
     model, tok = base
     ids, attn, P, m, groups = shared_prompt_case(model, tok, 0)
     assert model.config._attn_implementation == "sdpa"
+    handed = []
+    monkeypatch.setattr(fastpath, "sdpa_attention_forward", lambda *a, **kw: handed.append(1))
     got = []
     for fast in (False, True):
         with fastpath.attention_by_products(model) if fast else nullcontext():
@@ -420,7 +423,7 @@ def test_attention_by_products_gives_the_plain_logprobs_and_gradients(base):
             (logp * m).sum().backward()
         got.append((logp.detach() * m, grads_of(model)))
         model.zero_grad(set_to_none=True)
-    assert model.config._attn_implementation == "sdpa"
+    assert model.config._attn_implementation == "sdpa" and handed == []
     assert_close(got[1][0], got[0][0], rel=1e-5, what="log-probs")
     assert_grads_close(got[1][1], got[0][1], rel=1e-5, what="gradients")
     with pytest.raises(MemoryError):
