@@ -23,6 +23,9 @@ Which model goes which way (any other model takes the plain path, the model's ow
                           windows, the modules these two call by name in that order (rotary embedding, pre-norms)
     shares_prompts(model) prompt_prefill and cache_for: any model whose cache is plain full-attention layers (no
                           sliding window, no recurrent state), since they copy whole key/value tensors between rows
+    attention_by_products product_attention: a model on a CPU whose attention is SDPA's and which HF can switch
+                          at run time (its attention through AttentionInterface); calls it cannot give SDPA's
+                          numbers for (dropout, a soft cap, other masks) are handed to SDPA
 
 This module imports nothing of the project: the callers pass position ids in (sample.position_ids), so the arrows
 point one way.
