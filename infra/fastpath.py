@@ -4,7 +4,8 @@ the sampler and the scorer do; this is how two of their forwards are made fast, 
 
     decode_step          one token for each row with the KV cache in preallocated buffers (sample.generate,
                          through Decoder); equals model(...) with HF's cache, token for token and log-prob for log-prob
-    decode_attention     its attention for one query row, as two matmuls
+    decode_attention     its attention for one query row, as two matmuls (grouped_attention, which
+                         product_attention shares)
     NextToken            sample.next_token over a large vocabulary, its [A, V] buffers kept between steps
     draw                 the next token of each row: by the inverse CDF over a large vocabulary
     prompt_prefill       each distinct prompt of a batch run once (a GRPO group shares one); with cache_for its
@@ -227,8 +228,8 @@ def product_attention(module, query, key, value, attention_mask, scaling: float 
     [B, Hkv, Tk, D], attention_mask [B, 1, Tq, Tk] boolean (True: attends) or None: causal from the first key as
     SDPA's is_causal (query i sees keys 0..i), or every key for one query row or a layer that is not causal.
     Returns (out [B, Tq, H, D], None). The queries in chunks of ATTENTION_CHUNK bytes of scores, each through
-    _attend under activation checkpointing where a gradient is taken: the backward recomputes a chunk's weights
-    instead of keeping them. SDPA's own path where this one would not give its numbers: off a CPU, attention
+    grouped_attention under activation checkpointing where a gradient is taken: the backward recomputes a chunk's
+    weights instead of keeping them. SDPA's own path where this one would not give its numbers: off a CPU, attention
     dropout while training, a soft cap or sinks, a mask per head, one of added values (not boolean) or one that
     broadcasts over the queries or keys."""
     m = attention_mask
@@ -252,25 +253,20 @@ def product_attention(module, query, key, value, attention_mask, scaling: float 
     for s in range(0, Tq, chunk):
         m = None if attention_mask is None else attention_mask[:, :, s:s + chunk]  # [B or 1, 1, c, Tk]
         args = (query[:, :, s:s + chunk], key, value, m, scaling)
-        out.append(torch.utils.checkpoint.checkpoint(_attend, *args, use_reentrant=False) if grad else _attend(*args))
+        out.append(torch.utils.checkpoint.checkpoint(_masked_attention, *args, use_reentrant=False) if grad
+                   else _masked_attention(*args))
     return torch.cat(out, 2).transpose(1, 2).contiguous(), None  # [B, Tq, H, D]
 
 
-def _attend(q, k, v, mask, scaling: float):
-    """softmax(q k^T * scaling, masked) v for q [B, H, c, D], k and v [B, Hkv, Tk, D], mask [B or 1, 1, c, Tk] or
-    None: [B, H, c, D]. A key/value head's H/Hkv query heads are stacked along the query axis, so each product is
-    one batched matmul over [B, Hkv] without copying the keys (grouped-query attention). The softmax is float32
-    (float64 for float64 inputs); a row with every key masked gets weights 0 (as SDPA), not NaN."""
-    B, H, c, D = q.shape
-    Hkv, Tk = k.shape[1], k.shape[2]
-    G = H // Hkv
-    scores = torch.matmul(q.reshape(B, Hkv, G * c, D), k.transpose(-1, -2))  # [B, Hkv, G*c, Tk]
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).view(B, Hkv, G, c, Tk) * scaling
-    weights = torch.softmax(scores if mask is None else scores.masked_fill(~mask[:, :, None], float("-inf")), -1)
-    if mask is not None:  # a row with no key to see: 0, not softmax's NaN (NaNs of the inputs pass as in SDPA)
-        weights = weights.masked_fill(~mask.any(-1, keepdim=True)[:, :, None], 0.0)  # [B, Hkv, G, c, Tk]
-    weights = weights.to(v.dtype)
-    return torch.matmul(weights.view(B, Hkv, G * c, Tk), v).view(B, H, c, D)  # [B, H, c, D]
+def _masked_attention(q, k, v, mask, scaling: float):
+    """grouped_attention under a boolean mask [B or 1, 1, c, Tk] (True: attends) or None: [B, H, c, D]. A row with
+    every key masked gets weights 0, as SDPA gives it: its bias is left 0 (an all -inf row would make softmax, and
+    its backward, NaN) and grouped_attention zeroes its weights."""
+    if mask is None:
+        return grouped_attention(q, k, v, None, scaling)
+    empty = ~mask.any(-1)  # [B or 1, 1, c]
+    bias = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask & ~empty[..., None], float("-inf"))
+    return grouped_attention(q, k, v, bias, scaling, empty=empty)  # bias [B or 1, 1, c, Tk]
 
 
 AttentionInterface.register(PRODUCTS, product_attention)
@@ -353,16 +349,31 @@ def decode_step(model, tokens, pos, keys, values, col: int, bias):
     return model.get_output_embeddings()(decoder.norm(x))[:, -1]  # [A, V] bf16 under autocast: the caller casts
 
 
+def grouped_attention(q, k, v, bias, scaling: float, empty=None):
+    """softmax(q k^T * scaling + bias) v, the attention of decode_attention and product_attention: q [B, H, c, D],
+    k and v [B, Hkv, L, D], bias [B or 1, 1, c, L] (0 where a query attends, -inf where it does not) or None,
+    empty [B or 1, 1, c] (True: a query whose weights are set to 0; its bias must be finite) or None. Returns
+    [B, H, c, D]. Query heads h*H/Hkv .. (h+1)*H/Hkv - 1 share key/value head h (grouped-query attention): they are
+    stacked along the query axis, so each product is one batched matmul over [B, Hkv] without copying the keys. The
+    scores' product is in the inputs' precision (bf16 under autocast), the softmax in float32 (float64 for float64
+    inputs)."""
+    B, H, c, D = q.shape
+    Hkv, L = k.shape[1], k.shape[2]
+    G = H // Hkv
+    scores = torch.matmul(q.reshape(B, Hkv, G * c, D), k.transpose(-1, -2))  # [B, Hkv, G*c, L]
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).view(B, Hkv, G, c, L) * scaling
+    weights = torch.softmax(scores if bias is None else scores + bias[:, :, None], -1)  # [B, Hkv, G, c, L]
+    if empty is not None:  # only those rows: a NaN of the inputs passes on, as in SDPA
+        weights = weights.masked_fill(empty[:, :, None, :, None], 0.0)
+    return torch.matmul(weights.to(v.dtype).view(B, Hkv, G * c, L), v).view(B, H, c, D)  # [B, H, c, D]
+
+
 def decode_attention(q, k, v, bias, scaling: float):
-    """Attention of one query per row as two matmuls: q [A, H, 1, D], k and v [A, Hkv, L, D], bias [A, L] (0 where
-    a row attends, -inf where it does not).
-    Query heads h*H/Hkv .. (h+1)*H/Hkv - 1 share key/value head h (grouped-query attention). Returns [A, 1, H*D].
-    (torch's SDPA kernel takes about twice as long on a CPU for a single query row.)"""
+    """Attention of one query per row: q [A, H, 1, D], k and v [A, Hkv, L, D], bias [A, L] (0 where a row attends,
+    -inf where it does not). Returns [A, 1, H*D]. grouped_attention's two matmuls (torch's SDPA kernel takes about
+    twice as long on a CPU for a single query row)."""
     A, H, _, D = q.shape
-    q = q.view(A, k.shape[1], H // k.shape[1], D)  # [A, Hkv, H/Hkv, D]
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scaling  # [A, Hkv, H/Hkv, L]
-    weights = (scores + bias[:, None, None, :]).softmax(-1).to(v.dtype)  # [A, Hkv, H/Hkv, L]
-    return torch.matmul(weights, v).view(A, 1, H * D)  # [A, 1, H*D]
+    return grouped_attention(q, k, v, bias[:, None, None, :], scaling).view(A, 1, H * D)  # [A, 1, H*D]
 
 
 def micro_batches(lengths: torch.Tensor, rows: torch.Tensor, groups: torch.Tensor, prompt_len: int,

@@ -378,9 +378,9 @@ def test_product_attention_leaves_to_sdpa_what_it_does_not_write_out(monkeypatch
 
 def test_product_attention_under_bf16_autocast_recomputes_its_own_numbers(monkeypatch):
     # train.update's precision: float32 inputs under bf16 autocast, the backward outside it. The checkpointed
-    # chunks (one query each here) recompute the very numbers of plain runs of _attend over the same chunks (the
-    # same bits); against SDPA under the same autocast they differ by bf16 rounding (scores rounded to bf16 before the
-    # softmax), 1e-2 of the scale here. Both give bf16 outputs, as autocast's products do.
+    # chunks (one query each here) recompute the very numbers of plain runs of _masked_attention over the same
+    # chunks (the same bits); against SDPA under the same autocast they differ by bf16 rounding (scores rounded to
+    # bf16 before the softmax), 1e-2 of the scale here. Both give bf16 outputs, as autocast's products do.
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     monkeypatch.setattr(fastpath, "ATTENTION_CHUNK", 1)
     module = random_llama_attention()
@@ -390,7 +390,7 @@ def test_product_attention_under_bf16_autocast_recomputes_its_own_numbers(monkey
                          for t in attention_case("cache"))
         with sample.autocast("cpu", True):
             if way == "plain":
-                out = torch.cat([fastpath._attend(q[:, :, i:i + 1], k, v, mask[:, :, i:i + 1], 0.3)
+                out = torch.cat([fastpath._masked_attention(q[:, :, i:i + 1], k, v, mask[:, :, i:i + 1], 0.3)
                                  for i in range(q.shape[2])], 2).transpose(1, 2)  # [B, Tq, H, D], as the chunks
             else:
                 out, _ = {"sdpa": sdpa_attention_forward, "products": fastpath.product_attention}[way](
