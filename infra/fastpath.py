@@ -265,7 +265,10 @@ def _masked_attention(q, k, v, mask, scaling: float):
     if mask is None:
         return grouped_attention(q, k, v, None, scaling)
     empty = ~mask.any(-1)  # [B or 1, 1, c]
-    bias = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask & ~empty[..., None], float("-inf"))
+    if not empty.any():  # the usual case; zeroing no row still cost a pass over the weights, forward and backward
+        empty = None
+    unseen = ~mask if empty is None else ~mask & ~empty[..., None]  # keys a query does not attend to
+    bias = torch.zeros(mask.shape, device=mask.device).masked_fill(unseen, float("-inf"))
     return grouped_attention(q, k, v, bias, scaling, empty=empty)  # bias [B or 1, 1, c, Tk]
 
 
@@ -424,8 +427,12 @@ def prompt_prefill(decoder, input_ids, attention_mask, positions, prompt_len: in
 
 def cache_for(kv, rows: torch.Tensor) -> DynamicCache:
     """A cache holding, for each of the rows [n], the prompt kv[rows] (a gather: gradients flow back through
-    it), for a forward over the columns after the prompt. Each forward appends to its cache: make one per use."""
-    return DynamicCache(ddp_cache_data=[(k[rows], v[rows]) for k, v in kv])
+    it), for a forward over the columns after the prompt. Each forward appends to its cache: make one per use.
+    index_select, not kv[rows]: its backward sums a prompt's rows by index_add, in float32 for bf16 (rounded once),
+    where indexing's backward (index_put with accumulate) adds them one by one in bf16 and took 239 ms of a
+    SmolLM2-135M training pass at the bench's 64 rows against about 20 (docs/LOG.md, 2026-11-27, fifteenth
+    session)."""
+    return DynamicCache(ddp_cache_data=[(k.index_select(0, rows), v.index_select(0, rows)) for k, v in kv])
 
 
 def prompt_sharing(model, ids, attention_mask, positions, prompt_len: int, groups: torch.Tensor):

@@ -85,6 +85,19 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients(base):
         sample.token_logprobs(model, ids, attn, P, groups=torch.zeros(len(ids), dtype=torch.long))
 
 
+def test_cache_for_sums_a_prompts_rows_in_float32_under_bf16():
+    # The gather's backward adds the gradients of a prompt's rows; in bf16 (autocast's keys and values) it sums them
+    # in float32 and rounds once (index_select's backward), more exactly than adding them one by one in bf16
+    # (kv[rows]'s). Rows 0, 2, 3 take prompt 0, row 1 prompt 1: prompt 0's gradient is 1 + 2^-8 + 2^-8, which bf16
+    # (8 significant bits) rounds to 1 step by step (1 + 2^-8 is a tie, to even: 1) but holds to 1 + 2^-7 summed.
+    k = torch.zeros(2, 1, 1, 1, dtype=torch.bfloat16, requires_grad=True)  # [U, Hkv, P, D]
+    rows = torch.tensor([0, 1, 0, 0])
+    cache = fastpath.cache_for([(k, k.detach().clone())], rows)
+    g = torch.tensor([1.0, 5.0, 2 ** -8, 2 ** -8], dtype=torch.bfloat16).view(4, 1, 1, 1)
+    cache.layers[0].keys.backward(g)
+    assert k.grad.flatten().tolist() == [1 + 2 ** -7, 5.0]
+
+
 def test_unsupported_layouts_get_a_clear_error():
     # sample.generate and oar.py run any other model through its own forward (tests/test_archs.py); the written-out
     # forward itself refuses what it does not compute
