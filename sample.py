@@ -40,7 +40,7 @@ from contextlib import contextmanager
 
 import torch
 
-from infra import fastpath
+from infra import fastpath, memory
 
 
 def autocast(device: str, bf16: bool):
@@ -218,7 +218,7 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
 
 
 def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
-                   chunk_tokens: int = 2048, groups: torch.Tensor = None, fast: bool = None):
+                   chunk_tokens: int = None, groups: torch.Tensor = None, fast: bool = None):
     """log pi(o_t | q, o_<t) of every response token, by a forward over prompt + response.
 
     input_ids, attention_mask: [N, P + T] as generate() returns them. Returns logp [N, T].
@@ -232,8 +232,9 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
 
     The output layer runs `chunk_tokens` tokens at a time, each chunk but the last under activation checkpointing, so a
     float32 [N, T, vocabulary] tensor never exists: for Qwen2.5 (151,936 ids) at 4 x 3,300 tokens it would take 8 GB,
-    and autograd would keep it and its softmax for the backward. A chunk holds at most 2048 x 151,936 floats (1.2 GB)
-    and, but for the last, is recomputed in the backward. This takes logits = output_embeddings(hidden): a model whose
+    and autograd would keep it and its softmax for the backward. By default a chunk holds 1.2 GB of logits
+    (memory.logit_chunk_tokens: 2,048 tokens of Qwen2.5's ids, 6,330 of SmolLM2's 49,152) and, but for the last, is
+    recomputed in the backward. This takes logits = output_embeddings(hidden): a model whose
     config sets a final transform (LOGIT_TRANSFORMS: Gemma2's soft-capping, Cohere's scale, ...) gets one forward of its
     own instead, its logits for the response columns whole ([N, T, V]), without chunks or a shared prompt.
     Prompts are shared only where fastpath.shares_prompts(model) (a plain full-attention cache). Over a vocabulary
@@ -266,6 +267,7 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
     N, T = h.shape[:2]
     h, targets = h.reshape(N * T, -1), targets.reshape(N * T)  # [N*T, H], [N*T]
     head = model.get_output_embeddings()
+    chunk_tokens = chunk_tokens or memory.logit_chunk_tokens(head.weight.shape[0])
     logp = []
     for s in range(0, N * T, chunk_tokens):
         args = (head, h[s:s + chunk_tokens], targets[s:s + chunk_tokens], temperature, fast is not False)

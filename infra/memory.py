@@ -9,6 +9,17 @@ import transformers
 from infra import cpu, lora
 
 GiB = 1024 ** 3
+# sample.token_logprobs makes the output layer's float32 logits a chunk of tokens at a time, at most this many bytes a
+# chunk: 2,048 tokens of Qwen2.5's 151,936 ids (1.2 GB). In bytes, not tokens: a smaller vocabulary takes more tokens a
+# chunk, so SmolLM2's (49,152 ids, 6,330 tokens) runs the bench's 2,560 response tokens as one chunk, which is not
+# recomputed in the backward (a training pass 5.31 -> 5.15 s, 7 rounds in turns: docs/LOG.md, 2026-11-27, fifteenth
+# session).
+LOGIT_CHUNK_BYTES = 2048 * 151_936 * 4
+
+
+def logit_chunk_tokens(vocab: int) -> int:
+    """Tokens a chunk of the output layer: as many as make LOGIT_CHUNK_BYTES of float32 logits over `vocab` ids."""
+    return max(1, LOGIT_CHUNK_BYTES // (4 * vocab))
 
 
 def rss_bytes() -> int:
@@ -151,7 +162,7 @@ def n_params(cfg) -> int:
 def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_new_tokens: int, micro_batch: int,
                 bf16: bool, grad_checkpointing: bool, beta: float, ref_on_cpu: bool, group_size: int = 1,
                 lora_rank: int = 0, lora_targets=lora.TARGETS, oar_chunk: int = 0, oar_gradient: bool = False,
-                chunk_tokens: int = 2048, first_step: bool = False):
+                chunk_tokens: int = None, first_step: bool = False):
     """Bytes the RL step needs at its peak, phase by phase, as train.py runs it (memory.Peaks measures the same
     phases). Returns {phase: {item: bytes}}.
 
@@ -174,7 +185,8 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     group's prompt once (sample.token_logprobs shares it), at 4 bytes each even under --bf16: autocast leaves the
     residual stream, the norms and the softmax in float32 (a 1.5B LoRA step: docs/gpu.md). With gradient
     checkpointing only each layer's input H is kept, plus one layer's full set while it is recomputed. The output
-    layer runs `chunk_tokens` tokens at a time: logits, softmax and their gradient in float32.
+    layer runs `chunk_tokens` tokens at a time (logit_chunk_tokens of the vocabulary by default): logits, softmax
+    and their gradient in float32.
     """
     n = parameters(cfg, lora_rank, lora_targets)
     N = sum(v for k, v in n.items() if k != "adapters")
@@ -183,6 +195,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     kv = cfg.num_key_value_heads * hd
     act = 2 if bf16 else 4  # bytes of an activation
     per_layer = 10 * H + 2 * kv + 4 * I  # values kept per token and layer
+    chunk_tokens = chunk_tokens or logit_chunk_tokens(V)
     trains = n["adapters"] if lora_rank else N
     if lora_rank and bf16:
         weights = {"frozen linear layers (bf16)": 2 * (n["projections"] + n["biases"] + n["output layer"]),

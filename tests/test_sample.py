@@ -128,6 +128,26 @@ def test_chunked_logprobs_equal_the_full_vocabulary_forward_with_gradients(base)
     model.zero_grad(set_to_none=True)
 
 
+def test_the_output_layers_chunk_is_a_budget_of_bytes(base, monkeypatch):
+    # 2048 x 151,936 x 4 bytes a chunk: Qwen2.5's 151,936 ids take 2,048 tokens, SmolLM2's 49,152 take
+    # 2048 x 151,936 / 49,152 = 6,330.67 -> 6,330, a vocabulary above the budget one token.
+    from infra import memory
+    assert [memory.logit_chunk_tokens(v) for v in (151_936, 49_152, 10 ** 12)] == [2048, 6330, 1]
+    # token_logprobs's default chunk follows it: a budget of 5 tokens of the tiny model's logits makes chunks of 5
+    model, tok = base
+    V = model.get_output_embeddings().weight.shape[0]
+    monkeypatch.setattr(memory, "LOGIT_CHUNK_BYTES", 5 * 4 * V + 3)
+    ids, attn = sample.left_pad(prompts(tok, 3, seed=1), tok.pad_token_id)
+    P = ids.shape[1]
+    ids, attn = torch.cat([ids, ids[:, :4]], 1), torch.cat([attn, torch.ones(3, 4, dtype=attn.dtype)], 1)
+    runs = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda _, x, __: runs.append(len(x[0])))
+    with torch.no_grad():
+        sample.token_logprobs(model, ids, attn, P)
+    hook.remove()
+    assert runs == [5, 5, 2]  # 3 rows x 4 response tokens
+
+
 class CastsOfWeights(torch.utils._python_dispatch.TorchDispatchMode):
     """Counts the bf16 copies made of each parameter (autocast's casts reach the dispatcher as _to_copy)."""
 
