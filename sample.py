@@ -267,7 +267,7 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
     N, T = h.shape[:2]
     h, targets = h.reshape(N * T, -1), targets.reshape(N * T)  # [N*T, H], [N*T]
     head = model.get_output_embeddings()
-    chunk_tokens = chunk_tokens or memory.logit_chunk_tokens(head.weight.shape[0])
+    chunk_tokens = memory.logit_chunk_tokens(head.weight.shape[0]) if chunk_tokens is None else chunk_tokens
     logp = []
     for s in range(0, N * T, chunk_tokens):
         args = (head, h[s:s + chunk_tokens], targets[s:s + chunk_tokens], temperature, fast is not False)

@@ -428,11 +428,14 @@ def prompt_prefill(decoder, input_ids, attention_mask, positions, prompt_len: in
 def cache_for(kv, rows: torch.Tensor) -> DynamicCache:
     """A cache holding, for each of the rows [n], the prompt kv[rows] (a gather: gradients flow back through
     it), for a forward over the columns after the prompt. Each forward appends to its cache: make one per use.
-    index_select, not kv[rows]: its backward sums a prompt's rows by index_add, in float32 for bf16 (rounded once),
-    where indexing's backward (index_put with accumulate) adds them one by one in bf16 and took 239 ms of a
-    SmolLM2-135M training pass at the bench's 64 rows against about 20 (docs/LOG.md, 2026-11-27, fifteenth
-    session)."""
-    return DynamicCache(ddp_cache_data=[(k.index_select(0, rows), v.index_select(0, rows)) for k, v in kv])
+    On a CPU the gather is index_select: its backward sums a prompt's rows by index_add, in float32 for bf16 (rounded
+    once), where indexing's backward (index_put with accumulate) adds them one by one in bf16. That backward took
+    239 ms of a SmolLM2-135M training pass at the bench's 64 rows; on its shape alone, 0.13 ms against 1.79 a call
+    (docs/LOG.md, 2026-11-27, fifteenth session). Elsewhere kv[rows]: a GPU's index_add adds by atomics, in an order
+    that changes from run to run."""
+    def gather(t):  # t [U, Hkv, P, D] -> [n, Hkv, P, D]
+        return t.index_select(0, rows) if t.device.type == "cpu" and rows.device.type == "cpu" else t[rows]
+    return DynamicCache(ddp_cache_data=[(gather(k), gather(v)) for k, v in kv])
 
 
 def prompt_sharing(model, ids, attention_mask, positions, prompt_len: int, groups: torch.Tensor):

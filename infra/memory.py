@@ -195,7 +195,8 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     kv = cfg.num_key_value_heads * hd
     act = 2 if bf16 else 4  # bytes of an activation
     per_layer = 10 * H + 2 * kv + 4 * I  # values kept per token and layer
-    chunk_tokens = chunk_tokens or logit_chunk_tokens(V)
+    chunk_tokens = logit_chunk_tokens(V) if chunk_tokens is None else chunk_tokens
+    chunk = min(chunk_tokens, micro_batch * max_new_tokens)  # tokens in the largest chunk
     trains = n["adapters"] if lora_rank else N
     if lora_rank and bf16:
         weights = {"frozen linear layers (bf16)": 2 * (n["projections"] + n["biases"] + n["output layer"]),
@@ -247,8 +248,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
         "gradients (float32) beyond the activations they replace": extra_gradients,
         f"activations: {micro_batch} rows x {max_new_tokens} tokens, {prompt_len}-token prompts"
         + (" (checkpointed)" if grad_checkpointing else ""): activations,
-        f"output layer, {chunk_tokens} tokens at a time": min(chunk_tokens, micro_batch * max_new_tokens) * V
-        * (3 * 4 + act),
+        f"output layer, {chunk} tokens at a time": chunk * V * (3 * 4 + act),
     }
     plan["optimizer step"] = {**states, "AdamW moments (float32)": 8 * trains, "gradients (float32)": 4 * trains}
     return plan

@@ -86,16 +86,20 @@ def test_shared_prompts_give_the_same_logprobs_and_gradients(base):
 
 
 def test_cache_for_sums_a_prompts_rows_in_float32_under_bf16():
-    # The gather's backward adds the gradients of a prompt's rows; in bf16 (autocast's keys and values) it sums them
-    # in float32 and rounds once (index_select's backward), more exactly than adding them one by one in bf16
-    # (kv[rows]'s). Rows 0, 2, 3 take prompt 0, row 1 prompt 1: prompt 0's gradient is 1 + 2^-8 + 2^-8, which bf16
-    # (8 significant bits) rounds to 1 step by step (1 + 2^-8 is a tie, to even: 1) but holds to 1 + 2^-7 summed.
-    k = torch.zeros(2, 1, 1, 1, dtype=torch.bfloat16, requires_grad=True)  # [U, Hkv, P, D]
+    # The gather's backward adds the gradients of a prompt's rows; on a CPU in bf16 (autocast's keys and values) it
+    # sums them in float32 and rounds once (index_select's backward), more exactly than adding them one by one in
+    # bf16 (kv[rows]'s). Rows 0, 2, 3 take prompt 0, row 1 prompt 1: prompt 0's gradient is 1 + 2^-8 + 2^-8, which
+    # bf16 (8 significant bits) rounds to 1 step by step (1 + 2^-8 is a tie, to even: 1) but holds to 1 + 2^-7
+    # summed. As in a pass, the gradient reaches the gather through the cache's concatenation with the new columns
+    # (a slice, not contiguous), 4 prompt columns of 8 values: 32 a row.
+    k = torch.zeros(2, 1, 4, 8, dtype=torch.bfloat16, requires_grad=True)  # [U, Hkv, P, D]
     rows = torch.tensor([0, 1, 0, 0])
     cache = fastpath.cache_for([(k, k.detach().clone())], rows)
-    g = torch.tensor([1.0, 5.0, 2 ** -8, 2 ** -8], dtype=torch.bfloat16).view(4, 1, 1, 1)
-    cache.layers[0].keys.backward(g)
-    assert k.grad.flatten().tolist() == [1 + 2 ** -7, 5.0]
+    new = torch.zeros(4, 1, 3, 8, dtype=torch.bfloat16)  # [n, Hkv, 3 new columns, D]
+    keys, _ = cache.update(new, new.clone(), 0)  # [n, Hkv, P + 3, D]
+    g = torch.tensor([1.0, 5.0, 2 ** -8, 2 ** -8], dtype=torch.bfloat16).view(4, 1, 1, 1).expand(4, 1, 7, 8)
+    keys.backward(g)
+    assert (k.grad[0] == 1 + 2 ** -7).all() and (k.grad[1] == 5.0).all()
 
 
 def test_unsupported_layouts_get_a_clear_error():
