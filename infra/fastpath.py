@@ -430,9 +430,9 @@ def cache_for(kv, rows: torch.Tensor) -> DynamicCache:
     it), for a forward over the columns after the prompt. Each forward appends to its cache: make one per use.
     On a CPU the gather is index_select: its backward sums a prompt's rows by index_add, in float32 for bf16 (rounded
     once), where indexing's backward (index_put with accumulate) adds them one by one in bf16. That backward took
-    239 ms of a SmolLM2-135M training pass at the bench's 64 rows; on its shape alone, 0.13 ms against 1.79 a call
-    (docs/LOG.md, 2026-11-27, fifteenth session). Elsewhere kv[rows]: a GPU's index_add adds by atomics, in an order
-    that changes from run to run."""
+    239 ms of a SmolLM2-135M training pass at the bench's 64 rows; on its shape alone the gather with its backward
+    took 0.13 ms against 1.79 (docs/LOG.md, 2026-11-27, fifteenth session). Elsewhere kv[rows]: a GPU's index_add
+    adds by atomics, in an order that changes from run to run."""
     def gather(t):  # t [U, Hkv, P, D] -> [n, Hkv, P, D]
         return t.index_select(0, rows) if t.device.type == "cpu" and rows.device.type == "cpu" else t[rows]
     return DynamicCache(ddp_cache_data=[(gather(k), gather(v)) for k, v in kv])
