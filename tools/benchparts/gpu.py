@@ -119,12 +119,12 @@ def write_tokenizer(directory: str, vocab_size: int, eos_id: int):
                             padding_side="left").save_pretrained(directory)
 
 
-def write_model(directory: str, s: Sizes, device: str):
-    """A randomly initialised Qwen2ForCausalLM of QWEN25_MATH_15B (with s.shapes), made on the device and saved in
-    bf16 (train.py loads it in float32), and its tokenizer. Returns its config."""
+def write_model(directory: str, shapes: dict, device: str):
+    """A randomly initialised Qwen2ForCausalLM of QWEN25_MATH_15B (with `shapes` replaced), made on the device and
+    saved in bf16 (train.py loads it in float32), and its tokenizer. Returns its config."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    cfg = Qwen2Config(**{**QWEN25_MATH_15B, **s.shapes})
+    cfg = Qwen2Config(**{**QWEN25_MATH_15B, **shapes})
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen2ForCausalLM(cfg)
@@ -204,7 +204,7 @@ def run_gpu(args, chosen: list, parts: list, table_out=None) -> Table:
     with tempfile.TemporaryDirectory() as d:
         model_dir, problems = os.path.join(d, "model"), os.path.join(d, "problems.jsonl")
         progress(f"a random model of Qwen2.5-Math-1.5B's configuration {s.shapes or ''} in {model_dir}")
-        cfg = write_model(model_dir, s, device)
+        cfg = write_model(model_dir, s.shapes, device)
         release(device)
         write_problems(problems, s.prompt_tokens)
         flags = gpu_flags(model_dir, problems, device, s)
