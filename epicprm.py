@@ -13,11 +13,18 @@ tasks know theirs exactly (toyworld/credit.py: the same bisection, over the exac
     F3 locate         the first wrong step: the least k with v(steps 1..k) < v(question alone) / 2, by bisection
                       (toyworld/credit.Bisection), the whole response (wrong) counted as below; refine: the first
                       wrong token inside it, by a second bisection
+    F3b decision_error  (EQUATIONS.md#f3b) how likely a probe's call (above or below the threshold) is wrong, from its counts: a probe
+                      draws n more continuations while that exceeds ALPHA, up to a cap (locate_all); a located step
+                      whose two bracketing calls are not both within ALPHA is "uncertain" (confidence)
     F4 step_blame     a rule's per-token blame summed up to steps: the largest of a step's tokens, or their mean
 
 A worked example of F3: a wrong response of 5 steps, v(question) = 0.5, so the threshold is 0.25. The bisection
 tests steps 1..2 (v = 0.44: sound), then 1..3 (v = 0.06: below): the first wrong step is step 3, found with two
 tests of 16 continuations each, where testing every prefix would take four.
+
+And of F3b: v(question) = 2/16 puts the threshold at 1/16. A prefix with no right continuation of 16 is "below",
+but a prefix whose true v is 1/16 shows none with probability (15/16)^16 = 0.356: too likely wrong, so 16 more are
+drawn: (15/16)^32 = 0.127, still above ALPHA = 0.1; 16 more: (15/16)^48 = 0.045, decided, after 48 continuations.
 """
 import math
 
@@ -82,11 +89,28 @@ def standard_error(v: float, n: int) -> float:
     return math.sqrt(v * (1 - v) / n)
 
 
+ALPHA = 0.1  # F3b: the error probability a probe's call aims for
+
+
+def decision_error(successes: int, draws: int, threshold: float) -> float:
+    """F3b. How likely the call on a prefix is wrong, at worst: the call is "above" when successes / draws >= threshold
+    (else "below"), and it is wrong when the true v lies on the other side; the likeliest such v is the threshold
+    itself, under which counts this far on the call's side have the binomial tail probability returned:
+    P(X >= successes) for "above", P(X <= successes) for "below", X ~ Binomial(draws, threshold).
+
+    decision_error(0, 16, 1 / 16) == (15 / 16) ** 16 == 0.356;  decision_error(8, 16, 0.25) == 0.027"""
+    def pmf(k):
+        return math.comb(draws, k) * threshold ** k * (1 - threshold) ** (draws - k)
+    ks = range(successes, draws + 1) if successes >= threshold * draws else range(0, successes + 1)
+    return min(1.0, sum(pmf(k) for k in ks))
+
+
 class Locate:
     """F3 for one wrong response: the first step k (0-based) with v(steps 0..k) below threshold, by bisection over
     its steps (the whole response, wrong, is below without a test), then with refine the first token inside that
     step below it (the prefix through the step before is above). probe() names the response tokens of the prefix
-    to test next (its length), tell(v) gives its value; tests records every (tokens, v)."""
+    to test next (its length), tell(successes, draws) gives its counts; tests records every (tokens, v, draws,
+    decision_error)."""
 
     def __init__(self, spans: list, threshold: float, refine: bool = False):
         self.spans, self.threshold, self.refine = spans, threshold, refine
@@ -111,21 +135,50 @@ class Locate:
         k = self.search.probe()
         return self.spans[k][1] if self.step is None else self.spans[self.step][0] + k + 1
 
-    def tell(self, v: float):
-        self.tests.append((self.probe(), v))
+    def tell(self, successes: int, draws: int):
+        v = successes / draws
+        self.tests.append((self.probe(), v, draws, decision_error(successes, draws, self.threshold)))
         self.search.tell(v >= self.threshold)
         self._settle()
 
+    def confidence(self, alpha: float = ALPHA) -> dict:
+        """F3b of the located step: the errors of its two bracketing calls, the prefix through the step before
+        ("above"; None for the first step, whose "above" is the question itself) and through the step ("below";
+        None for the last step, the wrong outcome itself), the chance that either is wrong (at most their sum), and
+        whether both are within alpha."""
+        return confidence(self.spans, self.step, {length: e for length, _, _, e in self.tests}, alpha)
 
-def locate_all(locates: list, values) -> None:
-    """F3 for many responses at once: each round, every unfinished search's next prefix is tested in one batch.
-    locates: Locate objects; values(indices, lengths) -> their v, for the prefixes of those responses."""
+
+def confidence(spans: list, step: int, errors: dict, alpha: float = ALPHA) -> dict:
+    """F3b of a located step from its probes' errors (prefix tokens -> decision_error): see Locate.confidence."""
+    before = errors.get(spans[step - 1][1]) if step > 0 else None
+    at = errors.get(spans[step][1]) if step < len(spans) - 1 else None
+    return {"error_before": before, "error_at": at, "p_wrong": min(1.0, (before or 0.0) + (at or 0.0)),
+            "confident": all(e is None or e <= alpha for e in (before, at))}
+
+
+def locate_all(locates: list, values, n: int, cap: int = None, alpha: float = ALPHA) -> None:
+    """F3 for many responses at once: each round, every unfinished search's next prefix is tested in one batch of n
+    continuations, then (F3b) the prefixes whose call is more likely wrong than alpha get n more each, again
+    together, until each is within alpha or has drawn cap (default n: no more), and the searches move on.
+    locates: Locate objects; values(indices, lengths) -> their v (a share of n), for the prefixes of those
+    responses."""
+    cap = max(n, cap or n)
     while True:
         active = [i for i, loc in enumerate(locates) if not loc.done()]
         if not active:
             return
-        for i, v in zip(active, values(active, [locates[i].probe() for i in active])):
-            locates[i].tell(v)
+        counts = {i: [round(v * n), n] for i, v in zip(active, values(active, [locates[i].probe() for i in active]))}
+        while True:
+            more = [i for i in active if counts[i][1] + n <= cap
+                    and decision_error(*counts[i], locates[i].threshold) > alpha]
+            if not more:
+                break
+            for i, v in zip(more, values(more, [locates[i].probe() for i in more])):
+                counts[i][0] += round(v * n)
+                counts[i][1] += n
+        for i in active:
+            locates[i].tell(*counts[i])
 
 
 def step_blame(blame: torch.Tensor, spans: list, how: str) -> torch.Tensor:

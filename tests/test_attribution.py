@@ -38,29 +38,70 @@ def test_f1_steps_are_the_non_empty_lines_as_token_spans():
 
 def test_f3_locates_the_first_step_below_half_the_question_value_by_bisection():
     # 6 steps of 2 tokens each. v(question) = 0.8 -> threshold 0.4. v through steps 1..k (k = 1..5):
-    # 0.9 0.7 0.5 0.3 0.1; the whole response (step 6) is wrong. First below 0.4: step 4 (index 3).
+    # 0.9 0.7 0.5 0.3 0.1; the whole response (step 6) is wrong. First below 0.4: step 4 (index 3). Told as counts
+    # of 20 continuations (v x 20 right)
     spans = [(2 * k, 2 * k + 2) for k in range(6)]
     v = {2: 0.9, 4: 0.7, 6: 0.5, 8: 0.3, 10: 0.1}  # prefix tokens -> v
     loc = epicprm.Locate(spans, 0.8 / 2)
     while not loc.done():
-        loc.tell(v[loc.probe()])
+        loc.tell(round(20 * v[loc.probe()]), 20)
     assert loc.step == 3 and len(loc.tests) <= 3 and loc.token is None  # bisection: 3 tests, not 5
     # half of v(question) is the threshold: at the question's own value (0.8) the first below would be step 2
     loc = epicprm.Locate(spans, 0.8)
     while not loc.done():
-        loc.tell(v[loc.probe()])
+        loc.tell(round(20 * v[loc.probe()]), 20)
     assert loc.step == 1
     # refine: inside step 4 (tokens 6, 7), through token 6 is 0.45, so the first wrong token is 7
     v_tok = {**v, 7: 0.45}
     loc = epicprm.Locate(spans, 0.4, refine=True)
     while not loc.done():
-        loc.tell(v_tok[loc.probe()])
+        loc.tell(round(20 * v_tok[loc.probe()]), 20)
     assert (loc.step, loc.token) == (3, 7)
     # many at once: locate_all asks each unfinished search's prefix in one round
     rounds = []
     locs = [epicprm.Locate(spans, 0.4), epicprm.Locate(spans[:2], 0.4)]
-    epicprm.locate_all(locs, lambda idx, lengths: rounds.append(idx) or [v[n] for n in lengths])
+    epicprm.locate_all(locs, lambda idx, lengths: rounds.append(idx) or [v[n] for n in lengths], n=20)
     assert [x.step for x in locs] == [3, 1] and rounds[0] == [0, 1]  # both asked in the first round
+
+
+def test_f3b_the_chance_that_a_call_is_wrong_is_the_binomial_tail_at_the_threshold():
+    # "below" on 0 of 16 at threshold 1/16: a prefix of v = 1/16 shows none with (15/16)^16 = 0.3561
+    assert abs(epicprm.decision_error(0, 16, 1 / 16) - (15 / 16) ** 16) < 1e-12
+    # "above" on 1 of 16 (1/16 is not below 1/16): P(X >= 1) = 1 - 0.3561 = 0.6439
+    assert abs(epicprm.decision_error(1, 16, 1 / 16) - (1 - (15 / 16) ** 16)) < 1e-12
+    # "above" on 8 of 16 at 0.25: P(X >= 8) = sum_{k=8..16} C(16,k) 0.25^k 0.75^(16-k) = 0.0271
+    assert abs(epicprm.decision_error(8, 16, 0.25) - 0.027130) < 1e-6
+    # "below" on 0 of 48 at 1/16: (15/16)^48 = 0.0451
+    assert abs(epicprm.decision_error(0, 48, 1 / 16) - (15 / 16) ** 48) < 1e-12
+
+
+def test_f3b_draws_more_where_the_counts_cannot_decide_and_flags_what_the_cap_leaves_undecided():
+    # 3 steps of 2 tokens, v(question) = 2/16 -> threshold 1/16. The prefix through step 1 (2 tokens) is sound (v
+    # 0.5: 8 of 16, error P(X >= 8 | 16, 1/16) = 1.5e-5), through step 2 (4 tokens) no continuation is ever right.
+    # Its "below" on 0 of 16 is wrong with 0.356 > 0.1, of 32 with 0.127, of 48 with 0.045: it draws 16 at a time
+    # up to 48, and the located step 2 is confident. With a cap of 32 it stops at 0.127: uncertain.
+    spans, truth = [(0, 2), (2, 4), (4, 6)], {2: 0.5, 4: 0.0}
+    asked = []
+
+    def values(idx, lengths):
+        asked.append(lengths)
+        return [truth[n] for n in lengths]
+    loc = epicprm.Locate(spans, (2 / 16) / 2)
+    epicprm.locate_all([loc], values, n=16, cap=64)
+    # the bisection asks through step 2 first (the middle of 3), three times (48), then through step 1 once (16)
+    assert loc.step == 1 and asked == [[4], [4], [4], [2]]
+    assert [(t, m) for t, _, m, _ in loc.tests] == [(4, 48), (2, 16)]
+    c = loc.confidence()
+    assert c["confident"] and abs(c["error_at"] - (15 / 16) ** 48) < 1e-12 and c["error_before"] < 1e-4
+    loc = epicprm.Locate(spans, (2 / 16) / 2)
+    epicprm.locate_all([loc], values, n=16, cap=32)
+    c = loc.confidence()
+    assert loc.step == 1 and not c["confident"] and abs(c["error_at"] - (15 / 16) ** 32) < 1e-12
+    assert abs(c["p_wrong"] - (c["error_at"] + c["error_before"])) < 1e-12
+    # no cap beyond n: the old behaviour, one batch of n a probe
+    loc = epicprm.Locate(spans, (2 / 16) / 2)
+    epicprm.locate_all([loc], values, n=16)
+    assert [(t, m) for t, _, m, _ in loc.tests] == [(4, 16), (2, 16)] and not loc.confidence()["confident"]
 
 
 def test_f4_step_blame_is_the_max_or_the_mean_of_its_tokens():
@@ -141,14 +182,31 @@ def test_the_command_locates_scores_and_resumes_on_the_tiny_world(base, tmp_path
     for r in rows:
         k, S = r["first_wrong_step"], len(r["steps"])
         assert 0 <= k < S and S >= 2 and r["threshold"] == r["v0"] / 2
-        assert set(r["scores"]) == {"position", "surprisal", "none", "ktae", "grail"} == set(r["scores_exact"])
+        assert set(r["scores"]) == {"position", "surprisal", "none", "ktae", "grail"}
+        # (a wrong response that ends before its answer, "9-2=7\n7+2=", is still a viable prefix: no exact error)
+        assert set(r.get("scores_exact", r["scores"])) == set(r["scores"])
         assert r["scores"]["none"]["max"]["auc"] == 0.5  # uniform blame: the chance level
         below = [p for p in r["probes"] if p["v"] < r["threshold"]]  # F3: the step's own prefix is below, if tested
         assert all(p["tokens"] >= r["steps"][k]["tokens"][1] for p in below)
     assert (out / "table.md").exists() and (out / "auc.png").exists() and (out / "rollouts.html").exists()
     assert "against the exact first error" in capsys.readouterr().out
+    # F3b in every line: --n-max 4 x --n, each probe's draws (n at a time) and its call's error, the verdict
+    for r in rows:
+        assert r["n_max"] == 16 and all(p["draws"] in (4, 8, 12, 16) for p in r["probes"])
+        assert r["confident"] == all(e is None or e <= r["alpha"] for e in (r["error_before"], r["error_at"]))
     attribution.main(flags)
     assert [json.loads(x) for x in open(out / "rollouts.jsonl")] == lines
+    # an uncertain rollout is left out of the tables, counted, and marked on the page; a line written before F3b
+    # (no verdict) is judged from its probes' counts
+    doubt = [dict(rows[0], confident=False, p_wrong=0.5, error_at=0.5)] + rows[1:]
+    text = attribution.report(str(out), doubt, True)
+    assert f"| none | {len(rows) - 1} | max |" in text and "1 more located but uncertain" in text
+    assert "uncertain: the chance that this step" in (out / "rollouts.html").read_text()
+    old = {k: v for k, v in rows[0].items() if k not in ("confident", "p_wrong", "error_before", "error_at")}
+    assert attribution.confident(old) == epicprm.confidence(
+        [tuple(x["tokens"]) for x in old["steps"]], old["first_wrong_step"],
+        {p["tokens"]: epicprm.decision_error(round(p["v"] * 4), 4, old["threshold"]) for p in old["probes"]})[
+        "confident"]
 
 
 def test_groups_drawn_in_blocks_are_drawn_again_when_a_killed_run_resumes(base, tmp_path):
@@ -176,7 +234,8 @@ def test_rescore_adds_a_rule_to_the_located_lines_as_a_run_with_it_would_have(ba
     # without the rule.
     out = tmp_path / "att"
     flags = ["--model", "tiny", "--dataset", "tiny", "--limit", "4", "--n", "4", "--threads", str(THREADS),
-             "--rules", "none,grail", "--group-batch", "2", "--out", str(out)]
+             "--rules", "none,grail", "--group-batch", "2", "--out", str(out), "--n-max", "4"]  # (F3b's extra
+    # draws would change which problems have lines to edit: this test needs three)
     attribution.main(flags)
     whole = [json.loads(x) for x in open(out / "rollouts.jsonl")]
     rows = [x for x in whole if "rollout" in x]

@@ -65,6 +65,12 @@ def parser() -> argparse.ArgumentParser:
                    help="a rollout's length limit, and what it leaves a continuation after its prefix (F2) "
                         "(default: the data's; 512 for a real model)")
     p.add_argument("--n", type=int, default=16, help="F2: continuations per probed prefix (EpicPRM's least: 16)")
+    p.add_argument("--n-max", type=int, default=None,
+                   help="F3b: continuations a probe may draw in all, --n at a time, while its call (above or below the "
+                        "threshold) is more likely wrong than --alpha (default: 4 x --n; --n-max equal to --n: none "
+                        "more); a located step whose calls stay so is marked uncertain and left out of the tables")
+    p.add_argument("--alpha", type=shared.number, default=epicprm.ALPHA,
+                   help="F3b: the error probability a probe's call aims for (default: %(default)s)")
     p.add_argument("--refine", action="store_true", help="F3: then the first wrong token inside the step")
     p.add_argument("--rules", default=",".join(methods.RULES),
                    help="the rules scored (methods.RULES), comma-separated")
@@ -91,8 +97,11 @@ def check(p, args):
     with shared.as_errors_of(p):
         shared.check_shared(args)
         shared.check_seed(args.seed)
+        args.n_max = 4 * args.n if args.n_max is None else args.n_max
         shared.at_least(args, {"limit": 1, "group_size": 2, "n": 1, "batch": 1, "max_new_tokens": 1,
-                               "oar_p_limit": 0, "per_problem": 0, "group_batch": 1})
+                               "oar_p_limit": 0, "per_problem": 0, "group_batch": 1, "n_max": args.n})
+    if not 0 < args.alpha < 1:
+        p.error(f"--alpha {args.alpha}: must lie between 0 and 1")
     if not args.temperature >= shared.MIN_TEMPERATURE:
         p.error(f"--temperature {args.temperature}: must be at least {shared.MIN_TEMPERATURE}")
     rules = [r.strip() for r in args.rules.split(",") if r.strip()]
@@ -190,25 +199,28 @@ def locate(world: World, wrong: list) -> list:
     several: their Locate objects, located, every unfinished search probed in one round of batches."""
     spans = [epicprm.steps(world.piece_list(r)) for _, _, r, _ in wrong]
     locs = [epicprm.Locate(s, v0 / 2, world.args.refine) for s, (_, _, _, v0) in zip(spans, wrong)]
+    a = world.args
     epicprm.locate_all(locs, lambda idx, lengths: world.values([wrong[i][:2] for i in idx],
-                                                                [wrong[i][2][:n] for i, n in zip(idx, lengths)]))
+                                                                [wrong[i][2][:n] for i, n in zip(idx, lengths)]),
+                       a.n, a.n_max, a.alpha)
     return locs
 
 
 def record(world: World, i: int, j: int, problem: dict, ids: list, loc, v0: float, blame: dict, exact) -> dict:
     """The JSON line of one located rollout: its steps, every probe, the first wrong step and every rule's blame."""
     n, pieces = world.args.n, world.piece_list(ids)
-    tests = {length: v for length, v in loc.tests}
+    tests = {length: (v, m) for length, v, m, _ in loc.tests}
     k, spans = loc.step, loc.spans
-    above = tests.get(spans[k - 1][1]) if k > 0 else v0  # the prefix before the step (None: not probed)
+    above = tests.get(spans[k - 1][1]) if k > 0 else (v0, n)  # the prefix before the step (None: not probed)
     below = tests.get(spans[k][1])  # through the step (None: the last step, the wrong outcome itself)
     row = {"problem": i, "rollout": j, "question": problem["question"], "gold": problem["answer"],
            "response": "".join(pieces), "steps": [{"tokens": [a, b], "text": "".join(pieces[a:b])} for a, b in spans],
-           "v0": v0, "threshold": loc.threshold, "n": n, "probes": [{"tokens": t, "v": v} for t, v in loc.tests],
-           "first_wrong_step": k, "v_before": above, "v_at": below,
-           "se_before": None if above is None else epicprm.standard_error(above, n),
-           "se_at": None if below is None else epicprm.standard_error(below, n),
-           "first_wrong_token": loc.token}
+           "v0": v0, "threshold": loc.threshold, "n": n, "n_max": world.args.n_max, "alpha": world.args.alpha,
+           "probes": [{"tokens": t, "v": v, "draws": m, "error": e} for t, v, m, e in loc.tests],
+           "first_wrong_step": k, "v_before": above and above[0], "v_at": below and below[0],
+           "se_before": None if above is None else epicprm.standard_error(*above),
+           "se_at": None if below is None else epicprm.standard_error(*below),
+           **loc.confidence(world.args.alpha), "first_wrong_token": loc.token}
     if exact is not None:  # the synthetic tasks: the exact first error's step
         row["exact_step"] = exact
     return judge(row, {r: b[:len(ids)] for r, b in blame.items()})
@@ -419,23 +431,28 @@ def page(rows: list, path: str, title: str, show: int = 30):
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>"
              "body{font-family:sans-serif;margin:2em;max-width:70em} td{padding:2px 6px;vertical-align:top;"
              "font-size:85%} .s{font-family:monospace;white-space:pre-wrap} .w{outline:3px solid #c00}"
-             " .x{outline:2px dashed #06c}</style></head><body>",
+             " .x{outline:2px dashed #06c} .u{outline:3px dotted #c60}</style></head><body>",
              f"<h2>{html.escape(title)}</h2><p>A row a step: its text, then each rule's blame of it, red as strong as "
              "the rule's largest blame in this rollout (min-max within the rollout). <span class='w'>Framed red</span>"
-             ": the first wrong step found by Monte Carlo (F3); <span class='x'>dashed blue</span>: the exact first "
-             "error (synthetic tasks).</p>"]
+             ": the first wrong step found by Monte Carlo (F3); <span class='u'>dotted orange</span>: found, but "
+             "uncertain (F3b); <span class='x'>dashed blue</span>: the exact first error (synthetic tasks).</p>"]
     for row in rows[:show]:
         rules = list(row["blame"])
         norm = {}
         for r in rules:
             b = torch.tensor(row["blame"][r]["max"])
             norm[r] = ((b - b.min()) / (b.max() - b.min())).tolist() if b.max() > b.min() else [0.0] * len(b)
+        sure = verdict(row)
+        doubt = "" if sure["confident"] else (f" <b>(uncertain: the chance that this step is not where v falls "
+                                              f"below the threshold is up to {sure['p_wrong']:.2f}; left out of the "
+                                              f"tables)</b>")
+        sure = sure["confident"]
         parts.append(f"<h4>problem {row['problem']}, rollout {row['rollout']}: gold {html.escape(row['gold'])}; "
-                     f"v(question) {row['v0']:.2f}, first wrong step {row['first_wrong_step'] + 1}</h4><table>"
+                     f"v(question) {row['v0']:.2f}, first wrong step {row['first_wrong_step'] + 1}{doubt}</h4><table>"
                      "<tr><th>step</th>" + "".join(f"<th>{html.escape(r)}</th>" for r in rules) + "</tr>")
         for s, step in enumerate(row["steps"]):
-            cls = " ".join(c for c, on in (("w", s == row["first_wrong_step"]), ("x", s == row.get("exact_step")))
-                           if on)
+            cls = " ".join(c for c, on in (("w" if sure else "u", s == row["first_wrong_step"]),
+                                           ("x", s == row.get("exact_step"))) if on)
             cells = "".join(f"<td style='{plots.style(-norm[r][s], 0, 1)}'>{row['blame'][r]['max'][s]:.3g}</td>"
                             for r in rules)
             parts.append(f"<tr><td class='s {cls}'>{html.escape(step['text'])}</td>{cells}</tr>")
@@ -457,11 +474,36 @@ def read_lines(path: str) -> list:
     return out
 
 
+def verdict(row: dict) -> dict:
+    """F3b of a located rollout's line (epicprm.confidence: error_before, error_at, p_wrong, confident): its own, or,
+    for a line written before F3b, its bracketing probes' calls judged from their counts (v x n of n continuations,
+    none more drawn) at the default alpha."""
+    if "confident" in row:
+        return {k: row[k] for k in ("error_before", "error_at", "p_wrong", "confident")}
+    errors = {p["tokens"]: epicprm.decision_error(round(p["v"] * row["n"]), row["n"], row["threshold"])
+              for p in row["probes"]}
+    return epicprm.confidence([tuple(s["tokens"]) for s in row["steps"]], row["first_wrong_step"], errors)
+
+
+def confident(row: dict) -> bool:
+    return verdict(row)["confident"]
+
+
+def agreement(rows: list) -> str:
+    """The Monte Carlo step against the exact first error (the synthetic tasks): the same step, within one."""
+    same = sum(r["exact_step"] == r["first_wrong_step"] for r in rows)
+    near = sum(abs(r["exact_step"] - r["first_wrong_step"]) <= 1 for r in rows)
+    return (f"{len(rows)} rollouts: the same step {same / len(rows):.3f}, within one step {near / len(rows):.3f}, "
+            f"missed {1 - near / len(rows):.3f}") if rows else "0 rollouts"
+
+
 def report(out: str, lines: list, world_task: bool, seconds: float = None) -> str:
-    rows = [x for x in lines if "rollout" in x]
+    located = [x for x in lines if "rollout" in x]
+    rows = [x for x in located if confident(x)]  # F3b: an uncertain first wrong step is noise in every table
     problems = [x for x in lines if x.get("done")]
     if not rows:
-        return "no located rollout"
+        return "no located rollout" + (f" with a confident first wrong step ({len(located)} uncertain)"
+                                       if located else "")
     mixed = [x for x in problems if x.get("mixed")]
     acc = sum(x["correct"] for x in problems) / max(1, sum(x["group"] for x in problems))
     zero = [x for x in mixed if x["v0"] == 0]
@@ -472,8 +514,15 @@ def report(out: str, lines: list, world_task: bool, seconds: float = None) -> st
             f"{sum(x['wrong'] - x.get('truncated', 0) - x.get('one_step', 0) for x in zero)} more of the "
             f"{len(zero)} problems whose v(question) is 0); {sum(len(r['steps']) for r in rows) / len(rows):.1f} steps "
             f"a rollout")
+    uncertain = [x for x in located if not confident(x)]
+    if uncertain:
+        head += (f"; {len(uncertain)} more located but uncertain, left out of the tables (F3b: a call bracketing "
+                 f"the step more likely wrong than --alpha after --n-max continuations: "
+                 f"{sum((verdict(x)['error_before'] or 0) > x.get('alpha', epicprm.ALPHA) for x in uncertain)} "
+                 f"before the step, {sum((verdict(x)['error_at'] or 0) > x.get('alpha', epicprm.ALPHA) for x in uncertain)} "
+                 f"through it)")
     if seconds:
-        head += f"; {seconds / len(rows):.1f} s a located rollout"
+        head += f"; {seconds / len(located):.1f} s a located rollout"
     summary = summarise(rows)
     text = [head, "", table(summary, "against the first wrong step (Monte Carlo, F3)")]
     common = [r for r in rows if set(r["scores"]) == set(summary)]
@@ -482,14 +531,13 @@ def report(out: str, lines: list, world_task: bool, seconds: float = None) -> st
                  if common else "(no rollout was scored by every rule: no table of them all on the same rollouts)"]
     if world_task:
         exact = [r for r in rows if r.get("exact_step") is not None]
-        same = sum(r["exact_step"] == r["first_wrong_step"] for r in exact)
-        near = sum(abs(r["exact_step"] - r["first_wrong_step"]) <= 1 for r in exact)
-        text[0] += (f"\nMonte Carlo against the exact first error, {len(exact)} rollouts: the same step "
-                    f"{same / len(exact):.3f}, within one step {near / len(exact):.3f}, missed "
-                    f"{1 - near / len(exact):.3f}")
-        text += ["", table(summarise(exact, "scores_exact"), "against the exact first error (toyworld/credit.py)")]
+        every = [r for r in located if r.get("exact_step") is not None]
+        text[0] += (f"\nMonte Carlo against the exact first error, the confident {agreement(exact)}; every located "
+                    f"{agreement(every)}")
+        if exact:
+            text += ["", table(summarise(exact, "scores_exact"), "against the exact first error (toyworld/credit.py)")]
     plot(summary, os.path.join(out, "auc.png"), f"first-wrong-step AUC, {len(rows)} rollouts (95 % CI)")
-    page(rows, os.path.join(out, "rollouts.html"), "first wrong step and each rule's blame")
+    page(located, os.path.join(out, "rollouts.html"), "first wrong step and each rule's blame")
     return "\n".join(text)
 
 
