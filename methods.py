@@ -40,6 +40,7 @@ import grpo
 import ktae
 import oar
 import sample
+import surprisal
 from infra import models
 
 @dataclass(frozen=True)
@@ -132,6 +133,14 @@ def high_entropy(batch, rewards, mask, ctx) -> TokenAdvantages:
     return TokenAdvantages(tokens, seq, batch["entropy"] * mask)  # [N, T]
 
 
+def surprisal_weighted(batch, rewards, mask, ctx) -> TokenAdvantages:
+    """U1, this project's rule: a wrong rollout's A_i spread over its tokens by their sampling surprisal (its mean
+    weight 1), a right rollout's A_i on every token. The heat maps' values: the weights."""
+    seq = sequence_advantages(rewards, ctx)  # [N]
+    w = surprisal.weights(batch["logprobs"], mask)  # [N, T] U1
+    return TokenAdvantages(surprisal.token_advantages(seq, w, mask), seq, w)  # [N, T]
+
+
 def _alike(adv: TokenAdvantages, batch, mask, args) -> torch.Tensor:
     return torch.zeros_like(adv.tokens)  # [N, T] every token blamed alike (GRPO)
 
@@ -207,6 +216,9 @@ RULES = {
                                                                    entropy.entropy_threshold(
                                                                        batch["entropy"], mask,
                                                                        args.top_entropy_quantile), 1.0)),
+    # U1's blame is the surprisal itself, the attribution tables' baseline: the rule trains with that blame
+    "surprisal": Rule(surprisal_weighted, blame=lambda adv, batch, mask, args: -batch["logprobs"] * mask,
+                      heatmap=lambda adv, batch, mask, args: HeatMap("surprisal", "surprisal weights", 1.0, 1.0)),
 }
 
 

@@ -46,6 +46,12 @@ LEGENDS = {
         "threshold {centre:.3g} (E1), full colour at &plusmn;{scale:g} from it. <b>Green</b>: at or above the "
         "threshold, one of the batch's high-entropy minority: only these tokens learn, with their rollout's "
         "sequence advantage; <b>red</b>: below it, no gradient."),
+    "surprisal": (
+        "Colour: the token's surprisal weight (U1): its -log p when sampled over its rollout's mean. <b>Green</b>: "
+        "above 1 (full colour at {hi:g}), a token the model found surprising; <b>red</b>: below 1 (full colour at "
+        "{lo:g}); <b>no colour</b>: 1. Only a rollout with reward 0 (negative advantage) is weighted: its token's "
+        "advantage is the sequence advantage <i>times</i> this weight, so <b>green means more of the blame</b>; a "
+        "rewarded rollout's tokens all keep its sequence advantage whatever their colour."),
 }
 
 
