@@ -99,3 +99,14 @@ def test_the_rule_asks_the_teacher_shown_the_answer_and_blames_its_doubt(base):
 def test_bad_settings_are_one_line_naming_the_flag(flags, message):
     with pytest.raises(SystemExit, match=message):
         training.parse_args_one_line(["--method", "rlsd", *flags])
+
+
+@pytest.mark.parametrize("rule", ["shear", "rlsd"])
+def test_the_memory_plan_counts_the_rules_own_forward(rule):
+    from infra import memory, models
+    args = training.parse_args(["--method", rule])
+    settings = memory.plan_settings(args, 16, methods.RULES[rule].memory_phase)
+    assert settings["forward_once"] and settings["oar_chunk"] == 0  # not OAR's chunked scoring
+    plan = memory.memory_plan(models.load_config(args.model), **settings)
+    without = memory.memory_plan(models.load_config(args.model), **{**settings, "forward_once": False})
+    assert "advantage" in plan and "advantage" not in without  # GRPO's step has no such phase

@@ -19,6 +19,10 @@ def test_s3_wasserstein_1d_by_hand_and_its_padding_ignored():
     x, y = torch.tensor([[[0.0], [1.0]]]), torch.tensor([[[1.0], [2.0], [3.0], [-50.0]]])  # y's last is padding
     got = shear.wasserstein_1d(x, torch.ones(1, 2), y, torch.tensor([[1, 1, 1, 0]]))
     assert torch.allclose(got, torch.tensor([[1.5]]))
+    # the CDFs cross: {0, 3} vs {1, 2}: 1/2 on [0, 1), 0 on [1, 2), |1/2 - 1| on [2, 3): 1 (0 -> 1 and 3 -> 2)
+    cross = shear.wasserstein_1d(torch.tensor([[[0.0], [3.0]]]), torch.ones(1, 2), torch.tensor([[[1.0], [2.0]]]),
+                                 torch.ones(1, 2))
+    assert torch.allclose(cross, torch.tensor([[1.0]]))
     # two dimensions at once, each its own: {0, 1} vs {0, 1} is 0; {0, 0} vs {4, 4} is 4
     x2, y2 = torch.tensor([[[0.0, 0.0], [1.0, 0.0]]]), torch.tensor([[[0.0, 4.0], [1.0, 4.0]]])
     assert torch.allclose(shear.wasserstein_1d(x2, torch.ones(1, 2), y2, torch.ones(1, 2)), torch.tensor([[0.0, 4.0]]))
