@@ -1,5 +1,5 @@
-"""What `--method` means: a base (grpo, dapo) and a token rule (none, ktae, oar-p, oar-g, grail, entropy), each from
-one table.
+"""What `--method` means: a base (grpo, dapo) and a token rule (none, ktae, oar-p, oar-g, grail, entropy, shear,
+rlsd), each from one table.
 
     --method grpo        = grpo + none       (G1 broadcast to every token)
     --method dapo        = dapo + none       (DAPO's preset flags, D1-D4)
@@ -9,6 +9,8 @@ one table.
     --method oar-g       = grpo + oar-g      (O6 with O3's gradient scores)
     --method grail       = grpo + grail      (R6 with R3's gradient saliency of the rollout's own answer)
     --method entropy     = grpo + entropy    (E1: only the top 20 % of the batch's tokens by entropy learn)
+    --method shear       = grpo + shear      (S5 with S3's span Wasserstein distances of the hidden states)
+    --method rlsd        = grpo + rlsd       (L4 with L3's teacher evidence: the model shown the gold answer)
     and any other BASE+RULE, e.g. dapo+oar-g.
 
 A base is a set of flag defaults (any flag given on the command line wins) and D4's length share. A token rule is
@@ -34,13 +36,16 @@ from typing import Callable, NamedTuple, Optional
 
 import torch
 
+import data
 import entropy
 import grail
 import grpo
 import ktae
 import oar
+import rlsd
 import sample
 import surprisal
+import shear
 from infra import models
 
 @dataclass(frozen=True)
@@ -139,6 +144,35 @@ def surprisal_weighted(batch, rewards, mask, ctx) -> TokenAdvantages:
     seq = sequence_advantages(rewards, ctx)  # [N]
     w = surprisal.weights(batch["logprobs"], mask)  # [N, T] U1
     return TokenAdvantages(surprisal.token_advantages(seq, w, mask), seq, w)  # [N, T]
+def hidden_divergence(batch, rewards, mask, ctx) -> TokenAdvantages:
+    """SHEAR: S1-S4 weigh each token by how far its span's hidden states lie, as a distribution, from the same span
+    of the group's rollouts of the other outcome (K1's split, r_i > 0); S5 scales A_i by it. One no-grad forward of
+    the mixed groups' rollouts, --micro-batch-size at a time, in float32 whatever --bf16 says (as OAR's scores)."""
+    a, seq = ctx.args, sequence_advantages(rewards, ctx)  # [N]
+    correct = (rewards > 0).view(-1).to(mask.device)  # [N]
+    with sample.float32(ctx.model):
+        w, _ = shear.batch_weights(ctx.model, batch, correct, seq, mask, a.group_size, span=a.shear_span,
+                                   alpha=a.shear_alpha, chunk=a.micro_batch_size)  # [N, T]
+    return TokenAdvantages(shear.token_advantages(seq, w, mask), seq, w)  # [N, T]
+
+
+def self_distilled(batch, rewards, mask, ctx) -> TokenAdvantages:
+    """RLSD: L1-L3 set each token's magnitude from the teacher (the same model shown the gold answer, its prompt the
+    dataset's: data.Dataset.teacher_prompt) against the sampler's log-probs; L4 keeps the sign of A_i. One no-grad
+    forward of the rollouts with A_i != 0, --micro-batch-size at a time, under --bf16's autocast as the sampler's
+    log-probs were. The heat maps' values: the evidence delta (L2)."""
+    a, seq = ctx.args, sequence_advantages(rewards, ctx)  # [N]
+    G, ds = a.group_size, data.dataset(a.dataset)
+    prompts = [ctx.tokenizer(ds.teacher_prompt(ctx.tokenizer, q))["input_ids"] for q in ctx.problems]
+    rows = (seq != 0).nonzero().flatten()  # [n] a rollout of A_i = 0 has nothing to weigh
+    delta = torch.zeros_like(mask, dtype=torch.float)  # [N, T]
+    if len(rows):
+        with sample.autocast(a.device, a.bf16):
+            teacher = rlsd.teacher_logprobs(ctx.model, batch, [prompts[i // G] for i in range(len(seq))], rows,
+                                            ctx.tokenizer.pad_token_id, a.temperature, a.micro_batch_size, G)
+        delta[rows] = rlsd.evidence(teacher, batch["logprobs"][rows].float(), mask[rows].float())  # [n, T] L2
+    w = rlsd.weights(delta, seq, mask, a.rlsd_eps)  # [N, T] L3
+    return TokenAdvantages(rlsd.token_advantages(seq, w, mask, a.rlsd_lambda), seq, delta)  # [N, T] L4
 
 
 def _alike(adv: TokenAdvantages, batch, mask, args) -> torch.Tensor:
@@ -171,6 +205,15 @@ class Rule:
     # Whether the rule's values need the rollout's group (KTAE's K2 counts tokens over it): an answer made elsewhere,
     # with no group, is scored only by the rules that need none (tools/attribution.py --responses)
     needs_group: bool = False
+    # Whether the rule runs one forward of each rollout it scores without a gradient (SHEAR's hidden states, RLSD's
+    # teacher), --micro-batch-size rollouts at a time: the memory plan counts it in the advantage phase
+    forward_once: bool = False
+
+    @property
+    def memory_phase(self):
+        """What the memory plan counts of the rule's own work: its scoring ("forward", "backward"), "once" for a
+        forward of each rollout, None for nothing (infra/memory.plan_settings)."""
+        return self.scoring or ("once" if self.forward_once else None)
 
 
 def _ktae_check(args):
@@ -185,6 +228,20 @@ def _grail_check(args):
                 f"grail-min <= 1 <= grail-max")
 
 
+def _shear_check(args):
+    if args.shear_span < 1:
+        return f"--shear-span {args.shear_span}: S2's spans hold at least 1 token"
+    if not 0 <= args.shear_alpha <= 1:
+        return f"--shear-alpha {args.shear_alpha}: S4's weights stay at least 0 only for 0 <= shear-alpha <= 1"
+
+
+def _rlsd_check(args):
+    if not 0 < args.rlsd_eps < 1:
+        return f"--rlsd-eps {args.rlsd_eps}: L3 clips exp(.) to [1 - eps, 1 + eps], so 0 < rlsd-eps < 1"
+    if not 0 <= args.rlsd_lambda <= 1:
+        return f"--rlsd-lambda {args.rlsd_lambda}: L4 mixes 1 and w, so 0 <= rlsd-lambda <= 1"
+
+
 def _oar_defaults(probe: str):
     """O1's probe of the variant; the conclude cue is the data's own (data.Dataset.cue), the scoring chunk the
     model's (a small model takes every rollout in one forward)."""
@@ -194,7 +251,9 @@ def _oar_defaults(probe: str):
 # heat maps: KTAE's values around 0 (K6's range is -1..1), OAR's and GRAIL's weights around 1 (O5's boost is
 # --oar-beta; R5 clips to 0.5..5), E1's entropies around the batch's threshold tau. blame: KTAE's most negative
 # key-token value, OAR's and GRAIL's highest weight (a wrong rollout's advantage is negative, so its largest weight
-# takes the most blame), E1's highest entropy.
+# takes the most blame), E1's highest entropy. SHEAR's weights around 1 (S4's mean), blamed as OAR's; RLSD's evidence
+# delta around 0 (L2), blamed where the teacher shown the answer finds the token least likely against the student
+# (-delta: on a wrong rollout L3's weight exp(-delta) before its clip, so the clip's ties do not hide the order).
 RULES = {
     "none": Rule(none, reads_scores=False),
     "ktae": Rule(key_tokens, check=_ktae_check, reads_scores=False, needs_group=True,
@@ -211,6 +270,13 @@ RULES = {
                   check=_grail_check, reads_scores=False, scoring="backward",
                   heatmap=lambda adv, batch, mask, args: HeatMap("grail", "GRAIL weights", 1.0, 1.0),
                   blame=lambda adv, batch, mask, args: adv.values),
+    "shear": Rule(hidden_divergence, check=_shear_check, reads_scores=False, needs_group=True, forward_once=True,
+                  heatmap=lambda adv, batch, mask, args: HeatMap("shear", "SHEAR weights", 1.0, 1.0),
+                  blame=lambda adv, batch, mask, args: adv.values),
+    "rlsd": Rule(self_distilled, check=_rlsd_check, forward_once=True,
+                 heatmap=lambda adv, batch, mask, args: HeatMap("rlsd", "teacher evidence (log pi_T - log pi_old)",
+                                                                0.0, 1.0),
+                 blame=lambda adv, batch, mask, args: -adv.values),
     "entropy": Rule(high_entropy, blame=lambda adv, batch, mask, args: adv.values,
                     heatmap=lambda adv, batch, mask, args: HeatMap("entropy", "sampling entropy",
                                                                    entropy.entropy_threshold(

@@ -39,7 +39,7 @@ def main(argv=None):
     args = training.parse_args(argv)
     if args.dry_run:  # the plan needs the model's config alone: no data, no weights
         return memory.dry_run(models.load_config(args.model), args, memory.available_bytes(args.device, args.memory),
-                              data.dataset(args.dataset).prompt_tokens, methods.RULES[args.rule].scoring)
+                              data.dataset(args.dataset).prompt_tokens, methods.RULES[args.rule].memory_phase)
     # what can fail without loading anything fails now, in one line, and leaves no run directory behind: the datasets
     # are found (not yet read), the model's files looked at, the run directory checked
     data.locate(args.dataset, data.train_split(args.dataset), args.data_dir, "--dataset")

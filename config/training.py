@@ -115,6 +115,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--grail-std", type=number, default=0.5, help="R5: w = 1 + std z before the clip")
     p.add_argument("--grail-min", type=number, default=0.5, help="R5: the smallest weight")
     p.add_argument("--grail-max", type=number, default=5.0, help="R5: the largest weight, and the box's content's")
+    # SHEAR (shear.py S1-S5) and RLSD (rlsd.py L1-L4)
+    p.add_argument("--shear-span", type=int, default=4, help="S2: tokens a span (the hidden states compared as one set)")
+    p.add_argument("--shear-alpha", type=number, default=1.0,
+                   help="S4: w = 1 + alpha (d / mean d - 1); 0 is GRPO, 1 the distance ratio itself")
+    p.add_argument("--rlsd-eps", type=number, default=0.2, help="L3: the teacher's weight is clipped to 1 +- eps")
+    p.add_argument("--rlsd-lambda", type=number, default=1.0,
+                   help="L4: A_t = A ((1 - lambda) + lambda w_t); 0 is GRPO")
     # the high-entropy minority (methods.py E1)
     p.add_argument("--top-entropy-quantile", type=number, default=0.2,
                    help="E1: the share of the batch's tokens, by sampling entropy, that the entropy rule trains on")

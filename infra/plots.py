@@ -41,6 +41,19 @@ LEGENDS = {
         "<i>times</i> this weight: <b>in a rollout with reward 0 green means more of the blame.</b><br>By default only "
         "rollouts of negative advantage are weighted; in every rollout with a box, the box's content has weight 5 and "
         "its marker, closing brace and what follows 1."),
+    "shear": (
+        "Colour: the token's SHEAR weight (S4): how far the hidden states of its span lie, as a distribution, from "
+        "the same span of this group's rollouts of the other outcome (a Wasserstein distance), relative to the "
+        "rollout's mean of 1. <b>Green</b>: above 1 (full colour at {hi:g}); <b>red</b>: below 1 (full colour at "
+        "{lo:g}); <b>no colour</b>: 1. A token's advantage is its rollout's sequence advantage <i>times</i> this "
+        "weight: <b>in a rollout with reward 0 green means more of the blame.</b><br>Every token of a span has its "
+        "span's weight; a group all right or all wrong stays uncoloured."),
+    "rlsd": (
+        "Colour: the teacher's evidence for the token (L2): its log-probability under the same model shown the gold "
+        "answer, minus the sampler's, centre 0, full colour at &plusmn;{scale:g}. <b>Green</b>: the teacher finds "
+        "it likelier; <b>red</b>: less likely. A token's advantage is its rollout's sequence advantage times "
+        "clip(exp(&plusmn;evidence)) (L3, the sign the advantage's): <b>in a rollout with reward 0 red means more of "
+        "the blame</b>, in a rewarded one green more of the credit. A group all right or all wrong stays uncoloured."),
     "entropy": (
         "Colour: the entropy of the distribution the token was sampled from (nats), centred on the batch's "
         "threshold {centre:.3g} (E1), full colour at &plusmn;{scale:g} from it. <b>Green</b>: at or above the "

@@ -192,7 +192,9 @@ def main(argv=None):
     trainer = trl_grpo.RuleGRPOTrainer(
         model=model, processing_class=tokenizer, args=cfg, rule_args=args, peft_config=get_peft_config(model_cfg),
         reward_funcs=trl_grpo.reward_functions(args),
-        train_dataset=Dataset.from_list([{"prompt": p["prompt"], "answer": p["answer"]} for p in train]))
+        # the question (and arith's worked shots) beside the prompt: RLSD's teacher builds its own prompt from them
+        train_dataset=Dataset.from_list([{"prompt": p["prompt"], "answer": p["answer"], "question": p["question"],
+                                          **({"shots": p["shots"]} if "shots" in p else {})} for p in train]))
     main_process = trainer.accelerator.is_main_process
     evals = HeldOut(lambda m: held_out_accuracy(m, tokenizer, held_out, cfg, script), script.eval_every)
     trainer.add_callback(evals)

@@ -151,7 +151,7 @@ def same_style(got: str, expected: str) -> bool:
     return near_zero or (g_text == e_text and all(abs(a - b) < 2e-3 for a, b in zip(g_alpha, e_alpha)))
 
 
-@pytest.mark.parametrize("method", ["ktae", "dapo+ktae", "oar-p", "oar-g", "grail"])
+@pytest.mark.parametrize("method", ["ktae", "dapo+ktae", "oar-p", "oar-g", "grail", "shear", "dapo+shear", "rlsd"])
 def test_token_level_methods_write_heat_maps_and_concentrate_the_advantage(base, tmp_path, method):
     run_dir = tmp_path / method
     train.main(["--method", method, "--steps", "2", "--eval-every", "2", "--prompts-per-step", "8",
@@ -165,7 +165,7 @@ def test_token_level_methods_write_heat_maps_and_concentrate_the_advantage(base,
     assert "white-space: pre-wrap" in page
     # every token's style is exactly the one its value calls for (in the rollouts only: the legend's swatches
     # always hold both colours, which is why a bare "rgba(0,160,0," in page could never fail)
-    centre, scale = (1.0, 1.0) if method.startswith(("oar", "grail")) else (0.0, 1.0)
+    centre, scale = (1.0, 1.0) if method.startswith(("oar", "grail", "shear", "dapo+shear")) else (0.0, 1.0)
     tokens = re.findall(r'<span title="([^"]*)"(?: style="([^"]*)")?>', page[page.index('<div class="r">'):])
     assert len(tokens) > 8 and all(same_style(style, plots.style(float(v), centre, scale)) for v, style in tokens)
     # red tokens are there (a group mixes right and wrong); green ones only where a value is above the centre by
@@ -177,6 +177,10 @@ def test_token_level_methods_write_heat_maps_and_concentrate_the_advantage(base,
         assert "boxed answer and EOS keep weight 1" in page
     elif method == "grail":  # by weight too: a box's content at 5 (full green), its marker and the EOS at 1
         assert "GRAIL weights" in page and ("+1.000", "") in tokens and any(v == "+5.000" for v, _ in tokens)
+    elif method.endswith("shear"):  # by weight: a span's tokens share it; the wrong rollouts' spans apart
+        assert "SHEAR weights" in page and "relative to the rollout's mean of 1" in page
+    elif method == "rlsd":  # by the teacher's evidence, around 0
+        assert "teacher evidence" in page and "shown the gold answer" in page
     else:
         assert "key-token values" in page and "belongs to a token id across the whole group" in page
 

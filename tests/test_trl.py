@@ -31,7 +31,7 @@ def fixed(base):
     """A batch from our sampler (B problems x G rollouts, seed 0) with its rewards, and the tiny model (a copy)."""
     model, tok = copy.deepcopy(base[0]), base[1]
     qs = tiny.train_problems(random.Random(7), B, set())
-    problems = [{"prompt": tiny.prompt(q), "answer": tiny.answer(q)} for q in qs]
+    problems = [{"prompt": tiny.prompt(q), "answer": tiny.answer(q), "question": q} for q in qs]  # as trl_train's
     torch.manual_seed(0)
     batch = sample.generate(model, [tok(p["prompt"])["input_ids"] for p in problems], n=G, max_new_tokens=L,
                             temperature=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
@@ -75,7 +75,8 @@ def ours(method, model, tok, problems, batch, rewards):
     return methods.RULES[args.rule].advantages(batch, rewards, batch["response_mask"], ctx)
 
 
-@pytest.mark.parametrize("method,rel", [("ktae", 1e-6), ("oar-p", 1e-5), ("oar-g", 1e-5), ("grail", 1e-5)])
+@pytest.mark.parametrize("method,rel", [("ktae", 1e-6), ("oar-p", 1e-5), ("oar-g", 1e-5), ("grail", 1e-5),
+                                        ("shear", 1e-5), ("rlsd", 1e-4)])
 def test_advantages_handed_to_trl_are_ours(fixed, tmp_path, monkeypatch, method, rel):
     model, tok, problems, batch, rewards = fixed
     trainer = trainer_for(method, model, tok, problems, tmp_path)

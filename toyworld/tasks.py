@@ -39,6 +39,7 @@ class Task:
 
     answer = staticmethod(tiny.answer)
     prompt = staticmethod(tiny.prompt)
+    teacher_prompt = staticmethod(tiny.teacher_prompt)
 
     def viable(self, q: str, text: str) -> bool:
         return viable(q, text, self.padded)

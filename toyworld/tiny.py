@@ -67,6 +67,13 @@ def prompt(q: str) -> str:
     return f"Q:{q}=?\nA:"
 
 
+def teacher_prompt(q: str, gold: str) -> str:
+    """The prompt with the gold answer given as privileged context (RLSD's teacher, rlsd.py), in the world's own
+    characters: the question line, then the answer as a solution ends it. teacher_prompt('7+8-9', '6') ==
+    'Q:7+8-9=?\\boxed{6}\nA:'."""
+    return f"Q:{q}=?\\boxed{{{gold}}}\nA:"
+
+
 def solution(q: str) -> str:
     """The worked solution the warm start imitates (without EOS): '7+8=15\\n15-9=6\\n\\boxed{6}'."""
     lines = [f"{a}{op}{b}={c}" for a, op, b, c in _steps(q)]

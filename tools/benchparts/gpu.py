@@ -175,7 +175,7 @@ def oar_g_plan_row(table: Table, cfg, flags, s: Sizes):
     import methods
     from infra import memory
     args = training.parse_args([*flags, "--method", "oar-g", "--dry-run"])  # --dry-run: no GPU needed to plan for one
-    plan = memory.memory_plan(cfg, **memory.plan_settings(args, s.prompt_tokens, methods.RULES[args.rule].scoring))
+    plan = memory.memory_plan(cfg, **memory.plan_settings(args, s.prompt_tokens, methods.RULES[args.rule].memory_phase))
     table.row("memory", f"OAR-G at its default chunk ({args.oar_chunk}), {args.max_new_tokens} tokens: advantage",
               "not run", f"plan {sum(plan['advantage'].values()) / memory.GiB:.2f} GiB")
 
