@@ -444,6 +444,52 @@ def page(rows: list, path: str, title: str, show: int = 30):
         f.write("".join(parts) + "</body></html>")
 
 
+# What the report and a resumed run read of each line of OUT's rollouts.jsonl, by kind, and the type of each
+PROBLEM_KEYS = {"problem": int, "done": bool, "correct": int, "group": int, "mixed": bool}
+MIXED_KEYS = {"v0": (int, float), "wrong": int}
+ROLLOUT_KEYS = {"problem": int, "rollout": int, "question": str, "gold": str, "response": str, "steps": list,
+                "v0": (int, float), "first_wrong_step": int, "blame": dict, "scores": dict}
+
+
+def line_problem(x):
+    """What a line of rollouts.jsonl lacks for the report and a resumed run, or None."""
+    if not isinstance(x, dict):
+        return f"a JSON {type(x).__name__}, not an object"
+    keys = ROLLOUT_KEYS if "rollout" in x else {**PROBLEM_KEYS, **(MIXED_KEYS if x.get("mixed") else {})} \
+        if x.get("done") else None
+    if keys is None:
+        return "neither a problem's line (\"done\": true) nor a located rollout's (\"rollout\")"
+    for k, kind in keys.items():
+        if k not in x:
+            return f"no \"{k}\""
+        if not isinstance(x[k], kind) or (kind is int and isinstance(x[k], bool)):
+            return f"\"{k}\" is {json.dumps(x[k])}"
+    if "rollout" in x and not all(isinstance(s, dict) and "tokens" in s and "text" in s for s in x["steps"]):
+        return "a step without its \"tokens\" or \"text\""
+    return None
+
+
+def check_lines(path: str):
+    """Every line of OUT's rollouts.jsonl is one the report and a resumed run can read, checked before the model
+    loads: one line naming the file, the line and what it lacks otherwise (a hand-edited line gave a KeyError
+    after the model's minutes). A kill cuts the last line only: that one is left to read_lines, which drops it."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = f.read().split("\n")
+    while lines and lines[-1] == "":
+        lines.pop()
+    for k, line in enumerate(lines, 1):
+        try:
+            why = line_problem(json.loads(line))
+        except json.JSONDecodeError as e:
+            if k == len(lines):
+                return
+            why = f"not JSON ({e}), and not the last line (a killed run cuts only that one)"
+        if why:
+            sys.exit(f"{path}:{k}: {why}: mend or delete the line, or pass another --out")
+
+
 def read_lines(path: str) -> list:
     if not os.path.exists(path):
         return []
@@ -457,31 +503,29 @@ def read_lines(path: str) -> list:
     return out
 
 
-def report(out: str, lines: list, world_task: bool, seconds: float = None) -> str:
+def report(out: str, lines: list, world_task: bool, seconds: float = None, located_now: int = 0) -> str:
+    """The printed table's text (the head line: what was drawn, located and left; then the tables); auc.png and
+    rollouts.html are written where a rollout was located. seconds: this process's time, over located_now, the
+    rollouts it located (lines located by an earlier process are not its work)."""
     rows = [x for x in lines if "rollout" in x]
     problems = [x for x in lines if x.get("done")]
+    given = bool(problems) and all(x.get("group") == 1 for x in problems)  # --responses: a "group" of one, given
+    head = given_head(problems, rows) if given else sampled_head(problems, rows)
+    if seconds and located_now:
+        head += f"; {seconds / located_now:.1f} s a located {'response' if given else 'rollout'} in this run " \
+                f"({located_now} located)"
     if not rows:
-        return "no located rollout"
-    mixed = [x for x in problems if x.get("mixed")]
-    acc = sum(x["correct"] for x in problems) / max(1, sum(x["group"] for x in problems))
-    zero = [x for x in mixed if x["v0"] == 0]
-    head = (f"{len(problems)} problems, sampled accuracy {acc:.3f}, {len(mixed)} mixed groups, {len(rows)} wrong "
-            f"rollouts located from {len({r['problem'] for r in rows})} problems (not located: "
-            f"{sum(x.get('truncated', 0) for x in mixed)} cut off by the token budget, "
-            f"{sum(x.get('one_step', 0) for x in mixed)} of one step, "
-            f"{sum(x['wrong'] - x.get('truncated', 0) - x.get('one_step', 0) for x in zero)} more of the "
-            f"{len(zero)} problems whose v(question) is 0); {sum(len(r['steps']) for r in rows) / len(rows):.1f} steps "
-            f"a rollout")
-    if seconds:
-        head += f"; {seconds / len(rows):.1f} s a located rollout"
+        return head + "\nno located " + ("response" if given else "rollout") + ": no table"
     summary = summarise(rows)
     text = [head, "", table(summary, "against the first wrong step (Monte Carlo, F3)")]
     common = [r for r in rows if set(r["scores"]) == set(summary)]
     if len(common) < len(rows):  # a rule scored on a subset (--oar-p-limit): every rule on those rollouts too
         text += ["", table(summarise(common), f"the same, on the {len(common)} rollouts every rule scored")
                  if common else "(no rollout was scored by every rule: no table of them all on the same rollouts)"]
-    if world_task:
-        exact = [r for r in rows if r.get("exact_step") is not None]
+    exact = [r for r in rows if r.get("exact_step") is not None]
+    if world_task and not exact:  # a response whose every prefix a right solution can still follow (truncated)
+        text[0] += "\nno located rollout has an exact first error: no comparison with it"
+    if exact:
         same = sum(r["exact_step"] == r["first_wrong_step"] for r in exact)
         near = sum(abs(r["exact_step"] - r["first_wrong_step"]) <= 1 for r in exact)
         text[0] += (f"\nMonte Carlo against the exact first error, {len(exact)} rollouts: the same step "
@@ -491,6 +535,34 @@ def report(out: str, lines: list, world_task: bool, seconds: float = None) -> st
     plot(summary, os.path.join(out, "auc.png"), f"first-wrong-step AUC, {len(rows)} rollouts (95 % CI)")
     page(rows, os.path.join(out, "rollouts.html"), "first wrong step and each rule's blame")
     return "\n".join(text)
+
+
+def sampled_head(problems: list, rows: list) -> str:
+    """The head line of a sampled run: its groups, their accuracy, what was located and what was left, and why."""
+    mixed = [x for x in problems if x.get("mixed")]
+    acc = sum(x["correct"] for x in problems) / max(1, sum(x["group"] for x in problems))
+    zero = [x for x in mixed if x["v0"] == 0]
+    return (f"{len(problems)} problems, sampled accuracy {acc:.3f}, {len(mixed)} mixed groups, {len(rows)} wrong "
+            f"rollouts located from {len({r['problem'] for r in rows})} problems (not located: "
+            f"{sum(x.get('truncated', 0) for x in mixed)} cut off by the token budget, "
+            f"{sum(x.get('one_step', 0) for x in mixed)} of one step, "
+            f"{sum(x['wrong'] - x.get('truncated', 0) - x.get('one_step', 0) for x in zero)} more of the "
+            f"{len(zero)} problems whose v(question) is 0)"
+            + (f"; {sum(len(r['steps']) for r in rows) / len(rows):.1f} steps a rollout" if rows else ""))
+
+
+def given_head(problems: list, rows: list) -> str:
+    """The head line of --responses: what became of each given response. Nothing was sampled but the probes, so
+    there is no accuracy of the model nor any group; a right response has nothing to locate, a wrong one of one
+    step nothing to bisect, and one whose question the model never solves (v = 0) no threshold to locate against
+    (lines written before "one_step" was recorded: a wrong response not located otherwise was of one step)."""
+    right = sum(x["correct"] for x in problems)
+    one = sum(1 for x in problems if not x["correct"] and not x.get("mixed"))
+    zero = sum(1 for x in problems if x.get("mixed") and x.get("v0") == 0)
+    return (f"{len(problems)} given responses: {len(rows)} located, {right} right (nothing to locate), {one} wrong "
+            f"of one step (nothing to bisect), {zero} wrong whose question the model never solved in the "
+            f"continuations (v(question) 0: no threshold)"
+            + (f"; {sum(len(r['steps']) for r in rows) / len(rows):.1f} steps a located response" if rows else ""))
 
 
 def main(argv=None):
@@ -503,9 +575,10 @@ def main(argv=None):
     cpu.setup(args.threads)
     out = args.out or os.path.join("runs", f"attribution-{os.path.basename(args.model.rstrip('/'))}-"
                                            f"{os.path.splitext(os.path.basename(args.responses or args.dataset))[0]}")
+    problems = load(args, ds)  # before OUT is made: a file with no usable line makes nothing
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "rollouts.jsonl")
-    problems = load(args, ds)
+    check_lines(path)
     world = World(args)
     for q in problems:
         q.setdefault("prompt", ds.prompt(world.tok, q))
@@ -523,7 +596,12 @@ def main(argv=None):
             f.writelines(json.dumps(x) + "\n" for x in done_lines if x["problem"] in done or x in beyond)
     todo = [] if args.rescore else [b for b in blocks if b[0] not in done]
     G, n, L = args.group_size, args.n, args.max_new_tokens
-    if todo:
+    if todo and args.responses:  # nothing sampled but the continuations of F2
+        print(f"{len(problems)} given responses ({len(done)} done before), n = {n}: at most about "
+              f"{(n + 4 * n) * L:,} new tokens a wrong response (n continuations of the question, about 4 probes of "
+              f"n, as if all ran to {L} tokens: a probe has {L} less its prefix, and most stop earlier); none for a "
+              f"right one")
+    elif todo:
         print(f"{len(problems)} problems ({len(done)} done before), G = {G}, n = {n}: at most about "
               f"{(G + n + G * 4 * n) * L:,} new tokens a problem (G rollouts, n for the question, about 4 probes of "
               f"n for each wrong one, as if all ran to {L} tokens: a probe has {L} less its prefix, and most stop "
@@ -534,7 +612,7 @@ def main(argv=None):
             f.write(json.dumps(line) + "\n")
             f.flush()
         bar = tqdm(total=sum(len(b) for b in todo), desc="problems", disable=not todo)
-        located = sum(1 for x in read_lines(path) if "rollout" in x)
+        located = before = sum(1 for x in read_lines(path) if "rollout" in x)
         world.say = lambda what: bar.set_postfix_str(f"located={located}" + (f", {what}" if what else ""))
         for block in todo:
             if args.responses:
@@ -546,35 +624,58 @@ def main(argv=None):
             bar.update(len(block))
             located = sum(1 for x in read_lines(path) if "rollout" in x)
             world.say("")
-    text = report(out, [x for x in read_lines(path) if x["problem"] < len(problems)], world.task is not None,
-                  time.time() - t0 if todo else None)
+    lines = [x for x in read_lines(path) if x["problem"] < len(problems)]
+    text = report(out, lines, world.task is not None, time.time() - t0 if todo else None, located - before)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(f"`python -m tools.attribution {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n{text}\n")
     print(text)
-    print(f"wrote {out}/rollouts.jsonl, table.md, auc.png, rollouts.html")
+    figures = ", auc.png, rollouts.html" if any("rollout" in x for x in lines) else ""  # report's, where located
+    print(f"wrote {out}/rollouts.jsonl, table.md{figures}")
 
 
 def load(args, ds) -> list:
     """The problems (or given answers) in order, their first --limit."""
     if args.responses:
-        rows = []
+        rows, skipped, k = [], [], 0
         for k, line in enumerate(open(args.responses), 1):
-            try:
-                row = json.loads(line)
-                got = {f: str(row[f]) for f in ("question", "answer", "response")}
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                print(f"{args.responses}:{k}: skipped ({type(e).__name__}: {e})", file=sys.stderr)
-                continue
-            why = next((f"{data.not_unicode(t)} in the {f}" for f, t in got.items() if data.not_unicode(t)), None)
-            if why:  # a lone surrogate: one bad row, as in every loader
-                print(f"{args.responses}:{k}: skipped ({why})", file=sys.stderr)
+            why, got = given_fields(line)
+            if why is None:  # a lone surrogate: one bad row, as in every loader
+                why = next((f"{data.not_unicode(t)} in the {f}" for f, t in got.items() if data.not_unicode(t)), None)
+            if why:
+                skipped.append(f"{args.responses}:{k}: skipped ({why})")
+                print(skipped[-1], file=sys.stderr)
                 continue
             rows.append({**got, "where": f"{args.responses}:{k}"})
+        if not rows:  # said before the model loads, and nothing written
+            sys.exit(f"--responses {args.responses}: no usable line (of {k}; each needs a question, an answer and a "
+                     f"response)" + (f": {skipped[0]}" if skipped else ""))
         return rows[:args.limit]
     problems, skipped = data.load(args.dataset, "test", args.data_dir, args.limit, flag="--dataset")
     if not problems:
         sys.exit(f"--dataset {args.dataset}: no usable problem" + (f": {skipped[0]}" if skipped else ""))
     return problems
+
+
+def given_fields(line: str):
+    """(why not, fields) of a --responses line: its question, answer and response as text. A number is taken as
+    its text (an answer of 42), anything else (null, a list, true) is not: str() made null the answer "None"."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        return f"not JSON: {e}", None
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object with question, answer and response", None
+    got = {}
+    for f in ("question", "answer", "response"):
+        v = row.get(f)
+        if f not in row:
+            return f"no {f}", None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and f == "answer":
+            v = str(v)
+        if not isinstance(v, str):
+            return f"its {f} is {json.dumps(v)}, not text", None
+        got[f] = v
+    return None, got
 
 
 def run_given(world: World, i: int, problem: dict, write, scored: dict) -> dict:
@@ -584,9 +685,11 @@ def run_given(world: World, i: int, problem: dict, write, scored: dict) -> dict:
     prompt = world.tok(problem["prompt"])["input_ids"]
     ids = world.tok(problem["response"], add_special_tokens=False)["input_ids"]
     line = {"problem": i, "done": True, "correct": int(reward.is_correct(problem["response"], problem["answer"])
-                                                        is True), "group": 1}
-    if line["correct"] or len(epicprm.steps(world.piece_list(ids))) < 2:
+                                                        is True), "group": 1, "given": True}
+    if line["correct"]:
         return {**line, "mixed": False}
+    if len(epicprm.steps(world.piece_list(ids))) < 2:
+        return {**line, "mixed": False, "one_step": 1}
     torch.manual_seed(a.seed * 100_003 + i)
     v0 = world.values([(prompt, problem["answer"])], [[]])[0]
     line.update(mixed=True, v0=v0, wrong=1, one_step=0)
@@ -597,7 +700,8 @@ def run_given(world: World, i: int, problem: dict, write, scored: dict) -> dict:
     batch = scored_batch(world, prompt, [ids, right])
     rules = [r for r in a.rules if not methods.RULES[r].needs_group]
     blame = blames(world, batch, problem, [False, True], rules)
-    write(record(world, i, 0, problem, ids, loc, v0, {r: b[0] for r, b in blame.items()}, None))
+    write(record(world, i, 0, problem, ids, loc, v0, {r: b[0] for r, b in blame.items()},
+                 exact_step(world, problem, ids, loc.spans)))
     return {**line, "located": 1}
 
 
