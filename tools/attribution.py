@@ -30,6 +30,7 @@ import os
 import random
 import sys
 import time
+from contextlib import contextmanager
 
 import torch
 from tqdm import tqdm
@@ -40,7 +41,7 @@ import methods
 import reward
 import sample
 from config import shared, training
-from infra import cpu, models, plots
+from infra import cpu, memory, models, plots
 from toyworld import credit
 
 HOWS = ("max", "mean")  # F4's aggregations
@@ -132,11 +133,24 @@ class World:
         pairs of different problems share the sampler's batches."""
         a = self.args
         grades = [lambda t, g=gold: reward.is_correct(t, g) is True for _, gold in prompts]
-        with sample.autocast(a.device, a.bf16):
+        with sample.autocast(a.device, a.bf16), handed_back():
             return epicprm.prefix_values(self.model, [p for p, _ in prompts], prefixes, n=a.n,
                                          temperature=a.temperature, max_new_tokens=a.max_new_tokens, grades=grades,
                                          decode=self.text, eos_id=self.tok.eos_token_id,
                                          pad_id=self.tok.pad_token_id, batch=a.batch)
+
+
+@contextmanager
+def handed_back():
+    """Freed memory goes back to the system when a sampling call ends (memory.release_freed_memory). cpu.setup keeps
+    freed memory in the process for the next tensor (a training step's speed), so a process's resident set is the
+    most its heap ever held, in whatever pieces its allocations left it. On the 1.5B that rose with each long call
+    (issue 65: 1.2-1.5 GB a call of 16 continuations of 512 tokens, to 24 GB); here calls take seconds to minutes,
+    and the page faults of memory asked for again cost far less (docs/LOG.md, 2026-11-28)."""
+    try:
+        yield
+    finally:
+        memory.release_freed_memory()
 
 
 def rule_settings(world: World, rule: str):
@@ -242,7 +256,7 @@ def sample_groups(world: World, first: int, problems: list) -> dict:
     a, G = world.args, world.args.group_size
     torch.manual_seed(a.seed * 100_003 + first if len(problems) == 1 else a.seed * 100_003 + 1_000_000_007 + first)
     prompts = [world.tok(q["prompt"])["input_ids"] for q in problems]
-    with sample.autocast(a.device, a.bf16):
+    with sample.autocast(a.device, a.bf16), handed_back():
         both = sample.generate(world.model, prompts, n=G, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                                eos_id=world.tok.eos_token_id, pad_id=world.tok.pad_token_id)
     out = {}
@@ -705,22 +719,35 @@ def run_given(world: World, i: int, problem: dict, write, scored: dict) -> dict:
     return {**line, "located": 1}
 
 
-def scored_batch(world: World, prompt: list, responses: list) -> dict:
+def scored_batch(world: World, prompt: list, responses: list, chunk_tokens: int = 256) -> dict:
     """Given responses (token-id lists) of one prompt in sample.generate()'s layout, each ended by EOS, with the
-    log-prob and entropy of each token at the temperature from one forward (what the sampler would have kept)."""
+    log-prob and entropy of each token at the temperature from one forward (what the sampler would have kept).
+    The output layer runs chunk_tokens response tokens at a time (a model whose config transforms its logits,
+    sample.plain_head: all at once). Whole, the logits of every column and three float32 [rows, response,
+    vocabulary] tensors (log-softmax, exp, product) took about 2.9 GB at once for the 1.5B's 2 rows of 300 + 513
+    tokens, where a run capped at 20 GB failed (issue 65); a chunk of 256 tokens, about 0.5 GB."""
     eos, pad, T = world.tok.eos_token_id, world.tok.pad_token_id, max(len(r) for r in responses) + 1
     rows = [r + [eos] + [pad] * (T - len(r) - 1) for r in responses]
     ids = torch.tensor([prompt + r for r in rows], device=world.args.device)
     mask = torch.tensor([[1] * (len(r) + 1) + [0] * (T - len(r) - 1) for r in responses], device=ids.device)
     attn = torch.cat([torch.ones(len(rows), len(prompt), dtype=torch.long, device=ids.device), mask], 1)
+    model, targets = world.model, ids[:, len(prompt):]  # [N, T]
     with torch.no_grad():
-        logits = world.model(input_ids=ids, attention_mask=attn).logits[:, len(prompt) - 1:-1].float()
-        logp = torch.log_softmax(logits / world.args.temperature, -1)  # [N, T, V]
-        chosen = logp.gather(-1, ids[:, len(prompt):, None]).squeeze(-1)  # [N, T]
-        ent = -(logp.exp() * logp).sum(-1)  # [N, T]
+        if sample.plain_head(model):
+            h = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, len(prompt) - 1:-1]
+            h, head = h.reshape(-1, h.shape[-1]), model.get_output_embeddings()  # [N*T, H]
+            logits = lambda s: head(h[s:s + chunk_tokens])  # noqa: E731  [c, V]
+        else:
+            whole = model(input_ids=ids, attention_mask=attn).logits[:, len(prompt) - 1:-1]  # [N, T, V]
+            logits = lambda s: whole.reshape(-1, whole.shape[-1])[s:s + chunk_tokens]  # noqa: E731
+        flat, chosen, ent = targets.reshape(-1), [], []
+        for s in range(0, len(flat), chunk_tokens):
+            logp = torch.log_softmax(logits(s).float() / world.args.temperature, -1)  # [c, V]
+            chosen.append(logp.gather(-1, flat[s:s + chunk_tokens, None]).squeeze(-1))  # [c]
+            ent.append(-(logp.exp() * logp).sum(-1))  # [c]
+        chosen, ent = torch.cat(chosen).view(targets.shape), torch.cat(ent).view(targets.shape)  # [N, T]
     return {"input_ids": ids, "attention_mask": attn, "response_mask": mask, "prompt_len": len(prompt),
             "truncated": torch.zeros(len(rows), dtype=torch.bool), "logprobs": chosen * mask, "entropy": ent * mask}
-
 
 if __name__ == "__main__":
     main()
