@@ -409,3 +409,15 @@ def test_each_sampling_call_of_attribution_hands_freed_memory_back(base, monkeyp
     assert len(released) == 1
     attribution.sample_groups(world, 0, world.problems)
     assert len(released) == 2
+
+
+def test_the_memory_benchmark_prints_the_resident_set_after_each_call(base, capsys):
+    # tools/memgrowth.py at the tiny size: the model's own and a random one of its widths (the 1.5B's run is a
+    # benchmark, docs/LOG.md 2026-11-28; this keeps the script running)
+    from tools import memgrowth
+    for extra in ([], ["--layers", "2", "--hidden", "64"]):
+        memgrowth.main(["--model", "tiny", "--calls", "2", "--max-new-tokens", "8", "--prompt-tokens", "5-9",
+                        "--threads", str(THREADS), *extra])
+        out = capsys.readouterr().out
+        assert "the memory plan's sampling phase at this shape" in out
+        assert all(f"call   {k}:" in out and "resident" in out for k in (1, 2))

@@ -89,6 +89,12 @@ def main(argv=None):
           f"{time.time() - t0:.0f} s; resident {statm() / memory.GiB:.2f} GiB; calls of {args.prefixes} x {args.n} "
           f"rows, prefixes of {args.prompt_tokens} tokens, {args.max_new_tokens} new tokens at most, bf16 {args.bf16}, "
           f"freed memory {'kept' if args.keep else 'handed back'} after each call")
+    plan = memory.memory_plan(model.config, rollouts=args.n * args.prefixes, gen_rollouts=args.n * args.prefixes,
+                              prompt_len=high, max_new_tokens=args.max_new_tokens, micro_batch=1, bf16=args.bf16,
+                              grad_checkpointing=False, beta=0, ref_on_cpu=False, first_step=True)["sampling"]
+    print(f"the memory plan's sampling phase at this shape (infra/memory.py, prefixes of {high}): "
+          f"{sum(plan.values()) / memory.GiB:.2f} GiB (" + ", ".join(f"{k} {v / memory.GiB:.2f}" for k, v in
+                                                                    plan.items()) + ")")
     rng = random.Random(0)
     for call in range(1, args.calls + 1):
         prompts = [[rng.randrange(vocab) for _ in range(rng.randint(low, high))] for _ in range(args.prefixes)]
