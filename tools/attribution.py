@@ -30,6 +30,7 @@ import os
 import random
 import sys
 import time
+from contextlib import contextmanager
 
 import torch
 from tqdm import tqdm
@@ -40,7 +41,7 @@ import methods
 import reward
 import sample
 from config import shared, training
-from infra import cpu, models, plots
+from infra import cpu, memory, models, plots
 from toyworld import credit
 
 HOWS = ("max", "mean")  # F4's aggregations
@@ -141,11 +142,24 @@ class World:
         pairs of different problems share the sampler's batches."""
         a = self.args
         grades = [lambda t, g=gold: reward.is_correct(t, g) is True for _, gold in prompts]
-        with sample.autocast(a.device, a.bf16):
+        with sample.autocast(a.device, a.bf16), handed_back():
             return epicprm.prefix_values(self.model, [p for p, _ in prompts], prefixes, n=a.n,
                                          temperature=a.temperature, max_new_tokens=a.max_new_tokens, grades=grades,
                                          decode=self.text, eos_id=self.tok.eos_token_id,
                                          pad_id=self.tok.pad_token_id, batch=a.batch)
+
+
+@contextmanager
+def handed_back():
+    """Freed memory goes back to the system when a sampling call ends (memory.release_freed_memory). cpu.setup keeps
+    freed memory in the process for the next tensor (a training step's speed), so a process's resident set is the
+    most its heap ever held, in whatever pieces its allocations left it. On the 1.5B that rose with each long call
+    (issue 65: 1.2-1.5 GB a call of 16 continuations of 512 tokens, to 24 GB); here calls take seconds to minutes,
+    and the page faults of memory asked for again cost far less (docs/LOG.md, 2026-11-28)."""
+    try:
+        yield
+    finally:
+        memory.release_freed_memory()
 
 
 def rule_settings(world: World, rule: str):
@@ -254,7 +268,7 @@ def sample_groups(world: World, first: int, problems: list) -> dict:
     a, G = world.args, world.args.group_size
     torch.manual_seed(a.seed * 100_003 + first if len(problems) == 1 else a.seed * 100_003 + 1_000_000_007 + first)
     prompts = [world.tok(q["prompt"])["input_ids"] for q in problems]
-    with sample.autocast(a.device, a.bf16):
+    with sample.autocast(a.device, a.bf16), handed_back():
         both = sample.generate(world.model, prompts, n=G, max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                                eos_id=world.tok.eos_token_id, pad_id=world.tok.pad_token_id)
     out = {}
@@ -461,6 +475,52 @@ def page(rows: list, path: str, title: str, show: int = 30):
         f.write("".join(parts) + "</body></html>")
 
 
+# What the report and a resumed run read of each line of OUT's rollouts.jsonl, by kind, and the type of each
+PROBLEM_KEYS = {"problem": int, "done": bool, "correct": int, "group": int, "mixed": bool}
+MIXED_KEYS = {"v0": (int, float), "wrong": int}
+ROLLOUT_KEYS = {"problem": int, "rollout": int, "question": str, "gold": str, "response": str, "steps": list,
+                "v0": (int, float), "first_wrong_step": int, "blame": dict, "scores": dict}
+
+
+def line_problem(x):
+    """What a line of rollouts.jsonl lacks for the report and a resumed run, or None."""
+    if not isinstance(x, dict):
+        return f"a JSON {type(x).__name__}, not an object"
+    keys = ROLLOUT_KEYS if "rollout" in x else {**PROBLEM_KEYS, **(MIXED_KEYS if x.get("mixed") else {})} \
+        if x.get("done") else None
+    if keys is None:
+        return "neither a problem's line (\"done\": true) nor a located rollout's (\"rollout\")"
+    for k, kind in keys.items():
+        if k not in x:
+            return f"no \"{k}\""
+        if not isinstance(x[k], kind) or (kind is int and isinstance(x[k], bool)):
+            return f"\"{k}\" is {json.dumps(x[k])}"
+    if "rollout" in x and not all(isinstance(s, dict) and "tokens" in s and "text" in s for s in x["steps"]):
+        return "a step without its \"tokens\" or \"text\""
+    return None
+
+
+def check_lines(path: str):
+    """Every line of OUT's rollouts.jsonl is one the report and a resumed run can read, checked before the model
+    loads: one line naming the file, the line and what it lacks otherwise (a hand-edited line gave a KeyError
+    after the model's minutes). A kill cuts the last line only: that one is left to read_lines, which drops it."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        lines = f.read().split("\n")
+    while lines and lines[-1] == "":
+        lines.pop()
+    for k, line in enumerate(lines, 1):
+        try:
+            why = line_problem(json.loads(line))
+        except json.JSONDecodeError as e:
+            if k == len(lines):
+                return
+            why = f"not JSON ({e}), and not the last line (a killed run cuts only that one)"
+        if why:
+            sys.exit(f"{path}:{k}: {why}: mend or delete the line, or pass another --out")
+
+
 def read_lines(path: str) -> list:
     if not os.path.exists(path):
         return []
@@ -497,48 +557,77 @@ def agreement(rows: list) -> str:
             f"missed {1 - near / len(rows):.3f}") if rows else "0 rollouts"
 
 
-def report(out: str, lines: list, world_task: bool, seconds: float = None) -> str:
+def report(out: str, lines: list, world_task: bool, seconds: float = None, located_now: int = 0) -> str:
+    """The printed table's text (the head line: what was drawn, located and left; then the tables); auc.png and
+    rollouts.html are written where a rollout was located. The tables take the confident rollouts only (F3b), the
+    head counts the others. seconds: this process's time, over located_now, the rollouts it located (lines located
+    by an earlier process are not its work)."""
     located = [x for x in lines if "rollout" in x]
     rows = [x for x in located if confident(x)]  # F3b: an uncertain first wrong step is noise in every table
     problems = [x for x in lines if x.get("done")]
-    if not rows:
-        return "no located rollout" + (f" with a confident first wrong step ({len(located)} uncertain)"
-                                       if located else "")
-    mixed = [x for x in problems if x.get("mixed")]
-    acc = sum(x["correct"] for x in problems) / max(1, sum(x["group"] for x in problems))
-    zero = [x for x in mixed if x["v0"] == 0]
-    head = (f"{len(problems)} problems, sampled accuracy {acc:.3f}, {len(mixed)} mixed groups, {len(rows)} wrong "
-            f"rollouts located from {len({r['problem'] for r in rows})} problems (not located: "
-            f"{sum(x.get('truncated', 0) for x in mixed)} cut off by the token budget, "
-            f"{sum(x.get('one_step', 0) for x in mixed)} of one step, "
-            f"{sum(x['wrong'] - x.get('truncated', 0) - x.get('one_step', 0) for x in zero)} more of the "
-            f"{len(zero)} problems whose v(question) is 0); {sum(len(r['steps']) for r in rows) / len(rows):.1f} steps "
-            f"a rollout")
+    given = bool(problems) and all(x.get("group") == 1 for x in problems)  # --responses: a "group" of one, given
+    head = given_head(problems, located) if given else sampled_head(problems, located)
     uncertain = [x for x in located if not confident(x)]
     if uncertain:
-        head += (f"; {len(uncertain)} more located but uncertain, left out of the tables (F3b: a call bracketing "
-                 f"the step more likely wrong than --alpha after --n-max continuations: "
-                 f"{sum((verdict(x)['error_before'] or 0) > x.get('alpha', epicprm.ALPHA) for x in uncertain)} "
-                 f"before the step, {sum((verdict(x)['error_at'] or 0) > x.get('alpha', epicprm.ALPHA) for x in uncertain)} "
-                 f"through it)")
-    if seconds:
-        head += f"; {seconds / len(located):.1f} s a located rollout"
+        alpha = lambda x: x.get("alpha", epicprm.ALPHA)  # noqa: E731
+        head += (f"; {len(uncertain)} of them uncertain, left out of the tables (F3b: a call bracketing the step "
+                 f"more likely wrong than --alpha after --n-max continuations: "
+                 f"{sum((verdict(x)['error_before'] or 0) > alpha(x) for x in uncertain)} before the step, "
+                 f"{sum((verdict(x)['error_at'] or 0) > alpha(x) for x in uncertain)} through it)")
+    if seconds and located_now:
+        head += f"; {seconds / located_now:.1f} s a located {'response' if given else 'rollout'} in this run " \
+                f"({located_now} located)"
+    if not rows:
+        if located:
+            page(located, os.path.join(out, "rollouts.html"), "first wrong step and each rule's blame")
+        return head + "\nno located " + ("response" if given else "rollout") + \
+            (" with a confident first wrong step" if located else "") + ": no table"
     summary = summarise(rows)
     text = [head, "", table(summary, "against the first wrong step (Monte Carlo, F3)")]
     common = [r for r in rows if set(r["scores"]) == set(summary)]
     if len(common) < len(rows):  # a rule scored on a subset (--oar-p-limit): every rule on those rollouts too
         text += ["", table(summarise(common), f"the same, on the {len(common)} rollouts every rule scored")
                  if common else "(no rollout was scored by every rule: no table of them all on the same rollouts)"]
-    if world_task:
-        exact = [r for r in rows if r.get("exact_step") is not None]
-        every = [r for r in located if r.get("exact_step") is not None]
+    exact = [r for r in rows if r.get("exact_step") is not None]
+    every = [r for r in located if r.get("exact_step") is not None]
+    if world_task and not every:  # a response whose every prefix a right solution can still follow (truncated)
+        text[0] += "\nno located rollout has an exact first error: no comparison with it"
+    if every:
         text[0] += (f"\nMonte Carlo against the exact first error, the confident {agreement(exact)}; every located "
                     f"{agreement(every)}")
-        if exact:
-            text += ["", table(summarise(exact, "scores_exact"), "against the exact first error (toyworld/credit.py)")]
+    if exact:
+        text += ["", table(summarise(exact, "scores_exact"), "against the exact first error (toyworld/credit.py)")]
     plot(summary, os.path.join(out, "auc.png"), f"first-wrong-step AUC, {len(rows)} rollouts (95 % CI)")
     page(located, os.path.join(out, "rollouts.html"), "first wrong step and each rule's blame")
     return "\n".join(text)
+
+
+def sampled_head(problems: list, rows: list) -> str:
+    """The head line of a sampled run: its groups, their accuracy, what was located and what was left, and why."""
+    mixed = [x for x in problems if x.get("mixed")]
+    acc = sum(x["correct"] for x in problems) / max(1, sum(x["group"] for x in problems))
+    zero = [x for x in mixed if x["v0"] == 0]
+    return (f"{len(problems)} problems, sampled accuracy {acc:.3f}, {len(mixed)} mixed groups, {len(rows)} wrong "
+            f"rollouts located from {len({r['problem'] for r in rows})} problems (not located: "
+            f"{sum(x.get('truncated', 0) for x in mixed)} cut off by the token budget, "
+            f"{sum(x.get('one_step', 0) for x in mixed)} of one step, "
+            f"{sum(x['wrong'] - x.get('truncated', 0) - x.get('one_step', 0) for x in zero)} more of the "
+            f"{len(zero)} problems whose v(question) is 0)"
+            + (f"; {sum(len(r['steps']) for r in rows) / len(rows):.1f} steps a rollout" if rows else ""))
+
+
+def given_head(problems: list, rows: list) -> str:
+    """The head line of --responses: what became of each given response. Nothing was sampled but the probes, so
+    there is no accuracy of the model nor any group; a right response has nothing to locate, a wrong one of one
+    step nothing to bisect, and one whose question the model never solves (v = 0) no threshold to locate against
+    (lines written before "one_step" was recorded: a wrong response not located otherwise was of one step)."""
+    right = sum(x["correct"] for x in problems)
+    one = sum(1 for x in problems if not x["correct"] and not x.get("mixed"))
+    zero = sum(1 for x in problems if x.get("mixed") and x.get("v0") == 0)
+    return (f"{len(problems)} given responses: {len(rows)} located, {right} right (nothing to locate), {one} wrong "
+            f"of one step (nothing to bisect), {zero} wrong whose question the model never solved in the "
+            f"continuations (v(question) 0: no threshold)"
+            + (f"; {sum(len(r['steps']) for r in rows) / len(rows):.1f} steps a located response" if rows else ""))
 
 
 def main(argv=None):
@@ -551,9 +640,10 @@ def main(argv=None):
     cpu.setup(args.threads)
     out = args.out or os.path.join("runs", f"attribution-{os.path.basename(args.model.rstrip('/'))}-"
                                            f"{os.path.splitext(os.path.basename(args.responses or args.dataset))[0]}")
+    problems = load(args, ds)  # before OUT is made: a file with no usable line makes nothing
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "rollouts.jsonl")
-    problems = load(args, ds)
+    check_lines(path)
     world = World(args)
     for q in problems:
         q.setdefault("prompt", ds.prompt(world.tok, q))
@@ -571,7 +661,12 @@ def main(argv=None):
             f.writelines(json.dumps(x) + "\n" for x in done_lines if x["problem"] in done or x in beyond)
     todo = [] if args.rescore else [b for b in blocks if b[0] not in done]
     G, n, L = args.group_size, args.n, args.max_new_tokens
-    if todo:
+    if todo and args.responses:  # nothing sampled but the continuations of F2
+        print(f"{len(problems)} given responses ({len(done)} done before), n = {n}: at most about "
+              f"{(n + 4 * n) * L:,} new tokens a wrong response (n continuations of the question, about 4 probes of "
+              f"n, as if all ran to {L} tokens: a probe has {L} less its prefix, and most stop earlier); none for a "
+              f"right one")
+    elif todo:
         print(f"{len(problems)} problems ({len(done)} done before), G = {G}, n = {n}: at most about "
               f"{(G + n + G * 4 * n) * L:,} new tokens a problem (G rollouts, n for the question, about 4 probes of "
               f"n for each wrong one, as if all ran to {L} tokens: a probe has {L} less its prefix, and most stop "
@@ -582,7 +677,7 @@ def main(argv=None):
             f.write(json.dumps(line) + "\n")
             f.flush()
         bar = tqdm(total=sum(len(b) for b in todo), desc="problems", disable=not todo)
-        located = sum(1 for x in read_lines(path) if "rollout" in x)
+        located = before = sum(1 for x in read_lines(path) if "rollout" in x)
         world.say = lambda what: bar.set_postfix_str(f"located={located}" + (f", {what}" if what else ""))
         for block in todo:
             if args.responses:
@@ -594,35 +689,59 @@ def main(argv=None):
             bar.update(len(block))
             located = sum(1 for x in read_lines(path) if "rollout" in x)
             world.say("")
-    text = report(out, [x for x in read_lines(path) if x["problem"] < len(problems)], world.task is not None,
-                  time.time() - t0 if todo else None)
+    lines = [x for x in read_lines(path) if x["problem"] < len(problems)]
+    text = report(out, lines, world.task is not None, time.time() - t0 if todo else None, located - before)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(f"`python -m tools.attribution {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n{text}\n")
     print(text)
-    print(f"wrote {out}/rollouts.jsonl, table.md, auc.png, rollouts.html")
+    located = [x for x in lines if "rollout" in x]  # report's figures: the page of every located, the AUCs of the sure
+    figures = (", auc.png" if any(confident(x) for x in located) else "") + (", rollouts.html" if located else "")
+    print(f"wrote {out}/rollouts.jsonl, table.md{figures}")
 
 
 def load(args, ds) -> list:
     """The problems (or given answers) in order, their first --limit."""
     if args.responses:
-        rows = []
+        rows, skipped, k = [], [], 0
         for k, line in enumerate(open(args.responses), 1):
-            try:
-                row = json.loads(line)
-                got = {f: str(row[f]) for f in ("question", "answer", "response")}
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                print(f"{args.responses}:{k}: skipped ({type(e).__name__}: {e})", file=sys.stderr)
-                continue
-            why = next((f"{data.not_unicode(t)} in the {f}" for f, t in got.items() if data.not_unicode(t)), None)
-            if why:  # a lone surrogate: one bad row, as in every loader
-                print(f"{args.responses}:{k}: skipped ({why})", file=sys.stderr)
+            why, got = given_fields(line)
+            if why is None:  # a lone surrogate: one bad row, as in every loader
+                why = next((f"{data.not_unicode(t)} in the {f}" for f, t in got.items() if data.not_unicode(t)), None)
+            if why:
+                skipped.append(f"{args.responses}:{k}: skipped ({why})")
+                print(skipped[-1], file=sys.stderr)
                 continue
             rows.append({**got, "where": f"{args.responses}:{k}"})
+        if not rows:  # said before the model loads, and nothing written
+            sys.exit(f"--responses {args.responses}: no usable line (of {k}; each needs a question, an answer and a "
+                     f"response)" + (f": {skipped[0]}" if skipped else ""))
         return rows[:args.limit]
     problems, skipped = data.load(args.dataset, "test", args.data_dir, args.limit, flag="--dataset")
     if not problems:
         sys.exit(f"--dataset {args.dataset}: no usable problem" + (f": {skipped[0]}" if skipped else ""))
     return problems
+
+
+def given_fields(line: str):
+    """(why not, fields) of a --responses line: its question, answer and response as text. A number is taken as
+    its text (an answer of 42), anything else (null, a list, true) is not: str() made null the answer "None"."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        return f"not JSON: {e}", None
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object with question, answer and response", None
+    got = {}
+    for f in ("question", "answer", "response"):
+        v = row.get(f)
+        if f not in row:
+            return f"no {f}", None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and f == "answer":
+            v = str(v)
+        if not isinstance(v, str):
+            return f"its {f} is {json.dumps(v)}, not text", None
+        got[f] = v
+    return None, got
 
 
 def run_given(world: World, i: int, problem: dict, write, scored: dict) -> dict:
@@ -632,9 +751,11 @@ def run_given(world: World, i: int, problem: dict, write, scored: dict) -> dict:
     prompt = world.tok(problem["prompt"])["input_ids"]
     ids = world.tok(problem["response"], add_special_tokens=False)["input_ids"]
     line = {"problem": i, "done": True, "correct": int(reward.is_correct(problem["response"], problem["answer"])
-                                                        is True), "group": 1}
-    if line["correct"] or len(epicprm.steps(world.piece_list(ids))) < 2:
+                                                        is True), "group": 1, "given": True}
+    if line["correct"]:
         return {**line, "mixed": False}
+    if len(epicprm.steps(world.piece_list(ids))) < 2:
+        return {**line, "mixed": False, "one_step": 1}
     torch.manual_seed(a.seed * 100_003 + i)
     v0 = world.values([(prompt, problem["answer"])], [[]])[0]
     line.update(mixed=True, v0=v0, wrong=1, one_step=0)
@@ -645,26 +766,40 @@ def run_given(world: World, i: int, problem: dict, write, scored: dict) -> dict:
     batch = scored_batch(world, prompt, [ids, right])
     rules = [r for r in a.rules if not methods.RULES[r].needs_group]
     blame = blames(world, batch, problem, [False, True], rules)
-    write(record(world, i, 0, problem, ids, loc, v0, {r: b[0] for r, b in blame.items()}, None))
+    write(record(world, i, 0, problem, ids, loc, v0, {r: b[0] for r, b in blame.items()},
+                 exact_step(world, problem, ids, loc.spans)))
     return {**line, "located": 1}
 
 
-def scored_batch(world: World, prompt: list, responses: list) -> dict:
+def scored_batch(world: World, prompt: list, responses: list, chunk_tokens: int = 256) -> dict:
     """Given responses (token-id lists) of one prompt in sample.generate()'s layout, each ended by EOS, with the
-    log-prob and entropy of each token at the temperature from one forward (what the sampler would have kept)."""
+    log-prob and entropy of each token at the temperature from one forward (what the sampler would have kept).
+    The output layer runs chunk_tokens response tokens at a time (a model whose config transforms its logits,
+    sample.plain_head: all at once). Whole, the logits of every column and three float32 [rows, response,
+    vocabulary] tensors (log-softmax, exp, product) took about 2.9 GB at once for the 1.5B's 2 rows of 300 + 513
+    tokens, where a run capped at 20 GB failed (issue 65); a chunk of 256 tokens, about 0.5 GB."""
     eos, pad, T = world.tok.eos_token_id, world.tok.pad_token_id, max(len(r) for r in responses) + 1
     rows = [r + [eos] + [pad] * (T - len(r) - 1) for r in responses]
     ids = torch.tensor([prompt + r for r in rows], device=world.args.device)
     mask = torch.tensor([[1] * (len(r) + 1) + [0] * (T - len(r) - 1) for r in responses], device=ids.device)
     attn = torch.cat([torch.ones(len(rows), len(prompt), dtype=torch.long, device=ids.device), mask], 1)
+    model, targets = world.model, ids[:, len(prompt):]  # [N, T]
     with torch.no_grad():
-        logits = world.model(input_ids=ids, attention_mask=attn).logits[:, len(prompt) - 1:-1].float()
-        logp = torch.log_softmax(logits / world.args.temperature, -1)  # [N, T, V]
-        chosen = logp.gather(-1, ids[:, len(prompt):, None]).squeeze(-1)  # [N, T]
-        ent = -(logp.exp() * logp).sum(-1)  # [N, T]
+        if sample.plain_head(model):
+            h = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, len(prompt) - 1:-1]
+            h, head = h.reshape(-1, h.shape[-1]), model.get_output_embeddings()  # [N*T, H]
+            logits = lambda s: head(h[s:s + chunk_tokens])  # noqa: E731  [c, V]
+        else:
+            whole = model(input_ids=ids, attention_mask=attn).logits[:, len(prompt) - 1:-1]  # [N, T, V]
+            logits = lambda s: whole.reshape(-1, whole.shape[-1])[s:s + chunk_tokens]  # noqa: E731
+        flat, chosen, ent = targets.reshape(-1), [], []
+        for s in range(0, len(flat), chunk_tokens):
+            logp = torch.log_softmax(logits(s).float() / world.args.temperature, -1)  # [c, V]
+            chosen.append(logp.gather(-1, flat[s:s + chunk_tokens, None]).squeeze(-1))  # [c]
+            ent.append(-(logp.exp() * logp).sum(-1))  # [c]
+        chosen, ent = torch.cat(chosen).view(targets.shape), torch.cat(ent).view(targets.shape)  # [N, T]
     return {"input_ids": ids, "attention_mask": attn, "response_mask": mask, "prompt_len": len(prompt),
             "truncated": torch.zeros(len(rows), dtype=torch.bool), "logprobs": chosen * mask, "entropy": ent * mask}
-
 
 if __name__ == "__main__":
     main()
