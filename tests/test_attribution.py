@@ -365,8 +365,10 @@ def test_responses_report_what_this_mode_did_on_the_tiny_world(base, tmp_path, c
         assert head.endswith("s a located response in this run (1 located)")
     else:
         assert "s a located" not in head
-    assert f"Monte Carlo against the exact first error, {len(located)} rollouts" in text
-    assert f"wrote {out}/rollouts.jsonl, table.md, auc.png, rollouts.html" in text
+    assert f"Monte Carlo against the exact first error, the confident " in text  # F3b's, then every located:
+    assert f"; every located {len(located)} rollouts: the same step" in text
+    sure = ", auc.png" if any(attribution.confident(x) for x in located) else ""  # the AUCs of the confident only
+    assert f"wrote {out}/rollouts.jsonl, table.md{sure}, rollouts.html" in text
     # every response right: nothing located, the head says so, and only the files written are named
     right, out2 = given(tmp_path / "right.jsonl", rows[:1]), tmp_path / "att2"
     attribution.main(flags[:5] + [str(right)] + flags[6:-1] + [str(out2)])
