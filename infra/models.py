@@ -471,6 +471,46 @@ def base_name(name: str, model) -> str:
     return model.name_or_path if isinstance(MODELS.get(name), TinyWorld) else name
 
 
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # what identity() reads of a model's files
+
+
+def identity(name: str) -> dict:
+    """What identifies the weights `name` means, to be recorded beside results made with them and compared later: a
+    name of MODELS or of the hub as given (the tiny model is built from this project's code; a packaged alias is
+    pinned by its SHA-256); a local model directory, GGUF file or LoRA checkpoint by its full path and the SHA-256 of
+    every weights file (a LoRA checkpoint: its adapters' and its base's), so that weights replaced in place are
+    another model."""
+    path = os.path.expanduser(name)
+    if name in MODELS or is_hub_name(name) or not os.path.exists(path):
+        return {"name": name}
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(path, f) for f in os.listdir(path) if f.endswith(WEIGHT_FILES))
+    out = {"name": os.path.realpath(path), "sha256": {os.path.basename(f): _checksum(f) for f in files}}
+    if adapter_base(name):
+        out["base"] = identity(adapter_base(name))
+    return out
+
+
+def _checksum(file: str) -> str:
+    """The SHA-256 of a file, computed once per (path, size, modification time) in this process: a 6 GB model's
+    takes seconds, and a run asks again at each save."""
+    st = os.stat(file)
+    key = (os.path.realpath(file), st.st_size, st.st_mtime_ns)
+    if key not in _CHECKSUMS:
+        h = hashlib.sha256()
+        try:
+            with open(file, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+        except OSError as e:
+            sys.exit(f"{file}: cannot be read ({e.strerror or e})")
+        _CHECKSUMS[key] = h.hexdigest()
+    return _CHECKSUMS[key]
+
+
+_CHECKSUMS = {}
+
+
 def adapter_base(name: str):
     """The base model a LoRA checkpoint's adapters belong to (adapter_config.json's base_model_name_or_path), or
     None where `name` is no such directory."""

@@ -268,3 +268,51 @@ def test_the_figure_names_a_rule_scored_on_a_subset_with_its_count():
     # the title counts the most rollouts (29); OAR-P under --oar-p-limit scored 21 of them, its tick says so
     summary = {"none": {"n": 29}, "ktae": {"n": 29}, "oar-p": {"n": 21}}
     assert attribution.tick_labels(summary) == ["none", "ktae", "oar-p\n(21 rollouts)"]
+
+
+def test_an_out_of_other_settings_is_refused_in_one_line_and_overwrite_starts_over(base, tmp_path):
+    # issue 63: a continuation into an OUT made with another seed (or n, or model) reported the old lines under the
+    # new command; now OUT records its settings and refuses another's, naming the setting and the way out
+    import pytest
+    from infra import outfolder
+    out = tmp_path / "att"
+    flags = ["--model", "tiny", "--dataset", "tiny", "--limit", "2", "--n", "2", "--threads", str(THREADS),
+             "--rules", "none", "--out", str(out)]
+    attribution.main(flags)
+    lines = (out / "rollouts.jsonl").read_text()
+    for other, said in ((["--seed", "1"], "--seed 0, not 1"), (["--n", "3"], "--n 2, not 3"),
+                        (["--temperature", "0.5"], "--temperature 1.0, not 0.5")):
+        with pytest.raises(SystemExit) as e:
+            attribution.main(flags + other)
+        assert said in str(e.value.code) and "--overwrite" in str(e.value.code) and "\n" not in str(e.value.code)
+        assert (out / "rollouts.jsonl").read_text() == lines
+    attribution.main(flags + ["--limit", "3"])  # a larger --limit continues: the lines of 0-1 kept
+    assert (out / "rollouts.jsonl").read_text().startswith(lines)
+    # another process writing there: refused while it holds the lock
+    held = outfolder.claim(str(out), json.loads((out / "settings.json").read_text()), False, True)
+    with pytest.raises(SystemExit) as e:
+        attribution.main(flags)
+    assert "another process is writing there now" in str(e.value.code)
+    held.close()
+    attribution.main(flags + ["--seed", "1", "--overwrite"])
+    assert json.loads((out / "settings.json").read_text())["--seed"] == 1
+
+
+def test_two_checkpoints_of_the_same_last_name_get_their_own_default_out(tmp_path):
+    # issue 63: the default OUT was named after the model path's last part, so every RUN/checkpoint shared one
+    for run in ("a", "b"):
+        (tmp_path / run / "checkpoint").mkdir(parents=True)
+    names = {attribution.short_name(str(tmp_path / run / "checkpoint")) for run in ("a", "b")}
+    assert len(names) == 2 and all(n.startswith("checkpoint-") for n in names)
+    assert attribution.short_name("tiny") == "tiny" and attribution.short_name("Qwen/Qwen2.5-0.5B") == \
+        "Qwen--Qwen2.5-0.5B"
+
+
+def test_a_model_whose_weights_changed_in_place_is_another_model(tmp_path):
+    from infra import models
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"one")
+    before = models.identity(str(tmp_path / "m"))
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"two")
+    assert models.identity(str(tmp_path / "m")) != before
+    assert models.identity("tiny") == {"name": "tiny"}

@@ -24,6 +24,7 @@ rollouts.html (the first wrong step marked, each rule's step blame coloured).
 have no group, so only the rules that need none (methods.Rule.needs_group) score them.
 """
 import argparse
+import hashlib
 import html
 import json
 import os
@@ -40,12 +41,13 @@ import methods
 import reward
 import sample
 from config import shared, training
-from infra import cpu, models, plots
+from infra import cpu, models, outfolder, plots
 from toyworld import credit
 
 HOWS = ("max", "mean")  # F4's aggregations
 BASELINES = ("position", "surprisal")  # beside the rules; uniform blame is the rule "none"
 METRICS = ("hit1", "hit3", "auc", "rank")  # toyworld/credit.attribution's, at the level of steps
+WRITTEN = ("rollouts.jsonl", "table.md", "auc.png", "rollouts.html")  # what --overwrite deletes of OUT
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,7 +57,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--responses", default=None,
                    help="JSON lines of question, answer and response: locate these answers' first wrong step instead "
                         "of sampling (the rules that need a group are not scored)")
-    p.add_argument("--out", default=None, help="default: runs/attribution-MODEL-DATASET")
+    p.add_argument("--out", default=None, help="default: runs/attribution-MODEL-DATASET (a local model or file also by "
+                                               "a hash of its full path: two models never share one)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in an OUT that holds lines made with other settings, deleting this tool's files")
     p.add_argument("--limit", type=int, default=32, help="problems (or responses) to take, from the first")
     p.add_argument("--seed", type=int, default=0, help="the sampling of each problem's group and probes")
     p.add_argument("--group-size", type=int, default=8, help="G, rollouts per problem")
@@ -501,10 +506,12 @@ def main(argv=None):
         args.max_new_tokens = ds.max_new_tokens if ds.world else 512
     args = check(p, args)
     cpu.setup(args.threads)
-    out = args.out or os.path.join("runs", f"attribution-{os.path.basename(args.model.rstrip('/'))}-"
-                                           f"{os.path.splitext(os.path.basename(args.responses or args.dataset))[0]}")
-    os.makedirs(out, exist_ok=True)
+    out = args.out or os.path.join("runs", f"attribution-{short_name(args.model)}-"
+                                           f"{short_name(args.responses or args.dataset)}")
     path = os.path.join(out, "rollouts.jsonl")
+    # OUT's lines all made with these settings, by one process at a time (infra/outfolder.py): held to the end
+    lock = outfolder.claim(out, settings(args), args.overwrite,
+                           os.path.isfile(path) and os.path.getsize(path) > 0, clear=WRITTEN)
     problems = load(args, ds)
     world = World(args)
     for q in problems:
@@ -552,6 +559,29 @@ def main(argv=None):
         f.write(f"`python -m tools.attribution {' '.join(argv if argv is not None else sys.argv[1:])}`\n\n{text}\n")
     print(text)
     print(f"wrote {out}/rollouts.jsonl, table.md, auc.png, rollouts.html")
+    lock.close()
+
+
+def short_name(name: str) -> str:
+    """A model's or data's part of the default OUT: an alias or a dataset's name as it is, a hub name with its
+    organisation, a local path's last part with a hash of its full path (every RUN/checkpoint ends alike)."""
+    path = os.path.expanduser(name)
+    if name in models.MODELS or not os.path.exists(path):
+        return name.strip("/").replace("/", "--")
+    digest = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:8]
+    return f"{os.path.splitext(os.path.basename(name.rstrip('/')))[0]}-{digest}"
+
+
+def settings(args) -> dict:
+    """What defines OUT's lines, recorded beside them: a continuation with any other value is refused (--limit,
+    --rules and --oar-p-limit may change: lines are kept per problem, and a line holds the rules it was scored by).
+    The model, the data and the given responses by what is in their files (models.identity)."""
+    return {"--model": models.identity(args.model), "--dataset": models.identity(args.dataset),
+            "--responses": args.responses and models.identity(args.responses), "--seed": args.seed,
+            "--group-size": args.group_size, "--temperature": args.temperature,
+            "--max-new-tokens": args.max_new_tokens, "--n": args.n, "--refine": args.refine, "--batch": args.batch,
+            "--group-batch": args.group_batch, "--per-problem": args.per_problem, "--bf16": args.bf16,
+            "--device": args.device}
 
 
 def load(args, ds) -> list:
