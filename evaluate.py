@@ -13,7 +13,6 @@ pass@1, avg@k and pass@k (when --k > 1), the mean response length, the share of 
 the checker's timeouts and parse failures, and the settings. train.py's held-out evaluation of the tiny world
 calls score() below.
 """
-import argparse
 import collections
 import json
 import os
@@ -28,7 +27,7 @@ import data
 import reward
 import sample
 from config import shared
-from infra import checkpoint, cpu, models
+from infra import checkpoint, cli, cpu, models
 
 # the papers' seven benchmarks, in the order they report them
 BENCHMARKS = ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench", "gsm8k"]
@@ -246,7 +245,7 @@ def check_args(p, args) -> list:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="greedy pass@1, avg@k and pass@k on the math benchmarks")
+    p = cli.Parser(description="greedy pass@1, avg@k and pass@k on the math benchmarks")
     shared.add_shared_flags(p)  # --model, --data-dir, --device, --bf16, --threads: as train.py's
     p.add_argument("--benchmarks", default=",".join(BENCHMARKS),
                    help=f"comma-separated: {', '.join(data.DATASETS)} (tiny, chain and arith: their held-out sets), "

@@ -11,11 +11,11 @@ import methods
 import reward
 from config import recipe, shared
 from config.shared import Refused, number
-from infra import lora, track
+from infra import cli, lora, track
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Critic-free RL for math reasoning: GRPO, DAPO, KTAE, OAR (train.py)",
+    p = cli.Parser(description="Critic-free RL for math reasoning: GRPO, DAPO, KTAE, OAR (train.py)",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     shared.add_shared_flags(p)
     p.add_argument("--method", choices=methods.names(), default="grpo", metavar="METHOD",

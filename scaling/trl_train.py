@@ -74,7 +74,7 @@ def parse(argv=None):
     the base's presets (D1 epsilon_high, G5 loss_type) fill the GRPOConfig fields not given on the command line.
     LoRA's adapters go on every projection by default, as train.py's --lora-rank."""
     argv = sys.argv[1:] if argv is None else argv
-    p = HfArgumentParser((ScriptArguments, GRPOConfig, ModelConfig))
+    p = HfArgumentParser((ScriptArguments, GRPOConfig, ModelConfig), allow_abbrev=False)  # infra/cli.py: why
     p.set_defaults(**DEFAULTS)
     check(p.parse_args(argv))
     try:

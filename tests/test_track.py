@@ -14,7 +14,7 @@ import pytest
 
 import train
 from config import recipe, training
-from infra import track
+from infra import checkpoint, track
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--method", "ktae", "--steps", "2", "--eval-every", "1", "--eval-limit", "16", "--prompts-per-step", "4",
@@ -216,3 +216,25 @@ def test_trl_refuses_a_tracker_it_cannot_keep_offline(tmp_path):
                            str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True)
     assert said.returncode != 0 and said.stderr.strip().splitlines()[-1] == \
         "--report_to mlflow: 'mlflow' is not one of none, tensorboard, wandb, trackio"
+
+
+def test_a_recipe_is_applied_whole_or_refused(tmp_path, capsys):
+    # issue 63: --conf (an abbreviation argparse took) recorded a recipe and applied none of it; two --config applied
+    # the first and recorded the second; a dapo run.json under --method grpo kept dapo's presets without a word
+    one, two = tmp_path / "one.yaml", tmp_path / "two.yaml"
+    one.write_text("lr: 1e-5\n")
+    two.write_text("lr: 2e-5\n")
+    for argv, said in ((["--conf", str(one)], "unrecognized arguments: --conf"),
+                       (["--config", str(one), "--config", str(two)], "--config given 2 times")):
+        with pytest.raises(SystemExit):
+            training.parse_args(argv)
+        assert said in capsys.readouterr().err
+    first = training.parse_args(["--method", "dapo", "--run-dir", str(tmp_path / "a")])
+    os.makedirs(first.run_dir)
+    checkpoint.write_info(first.run_dir, first, finished=True)
+    run_json = os.path.join(first.run_dir, "run.json")
+    with pytest.raises(SystemExit):
+        training.parse_args(["--config", run_json, "--method", "grpo"])
+    assert "a run of --method dapo" in capsys.readouterr().err
+    again = training.parse_args(["--config", run_json, "--method", "dapo", "--run-dir", str(tmp_path / "b")])
+    assert again.eps_high == 0.28 and again.config == run_json

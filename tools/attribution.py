@@ -41,7 +41,7 @@ import methods
 import reward
 import sample
 from config import shared, training
-from infra import cpu, models, outfolder, plots
+from infra import cli, cpu, models, outfolder, plots
 from toyworld import credit
 
 HOWS = ("max", "mean")  # F4's aggregations
@@ -51,7 +51,7 @@ WRITTEN = ("rollouts.jsonl", "table.md", "auc.png", "rollouts.html")  # what --o
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="every token rule's blame against the first wrong step (tools.attribution)")
+    p = cli.Parser(description="every token rule's blame against the first wrong step (tools.attribution)")
     shared.add_shared_flags(p)
     p.add_argument("--dataset", default=data.DEFAULT, help="the problems: tiny, chain, gsm8k, math500, a .jsonl file")
     p.add_argument("--responses", default=None,

@@ -21,7 +21,6 @@ checkpoint starts over (train.py --overwrite), so a stopped comparison picks up 
                                                              attribution metrics (mean over steps, +- std over seeds)
     heatmaps/METHOD.html                                     the last evaluation's heat map (seed 0)
 """
-import argparse
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ import sys
 import data
 import methods
 from config import shared, training
-from infra import checkpoint, models, outfolder, plots
+from infra import checkpoint, cli, models, outfolder, plots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's root, one folder up
 
@@ -191,7 +190,7 @@ def table(results: dict) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.Parser(description=__doc__.split("\n")[0])
     p.add_argument("--methods", default=",".join(methods.short_names()), help="comma-separated --method names "
                                                                               "(default: %(default)s)")
     p.add_argument("--seeds", default="0,1,2")

@@ -4,15 +4,14 @@ itself (infra/models.py merges on load), so this copy is needed only elsewhere.
 
     python -m tools.merge runs/ktae-seed0/checkpoint runs/ktae-seed0/merged
 """
-import argparse
 import os
 import sys
 
-from infra import checkpoint, models
+from infra import checkpoint, cli, models
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="a LoRA checkpoint's adapters merged into its base (tools.merge)")
+    p = cli.Parser(description="a LoRA checkpoint's adapters merged into its base (tools.merge)")
     p.add_argument("checkpoint", help="a train.py LoRA checkpoint: adapter_config.json and adapter_model.safetensors")
     p.add_argument("out", help="the folder to write the merged model to (new, or empty)")
     args = p.parse_args(argv)
