@@ -329,7 +329,7 @@ def save(run_dir: str, model, tokenizer, state: dict, write=None):
 
 
 def save_run(run_dir: str, step: int, model, tokenizer, optimizer, scheduler, problem_rng, args, buffer: tuple,
-             adapters=None, base: str = None):
+             adapters=None, base: str = None, base_identity: dict = None):
     """A train.py run's checkpoint at `step` (save): the model, or under LoRA its adapters alone (adapters: the peft
     model, infra/lora.py; base: the --model they belong to), and state.pt, which holds all that --resume needs to
     continue bit for bit: the optimizer and scheduler, the torch and problem RNG states, D2's buffer of mixed groups
@@ -337,7 +337,7 @@ def save_run(run_dir: str, step: int, model, tokenizer, optimizer, scheduler, pr
     state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
              "torch_rng": torch.get_rng_state(), "problem_rng": problem_rng.getstate(), "args": vars(args),
              "surplus_qs": buffer[0], "surplus": buffer[1]}
-    write = (lambda path: lora.save(path, adapters, tokenizer, base)) if adapters else None  # noqa: E731
+    write = (lambda path: lora.save(path, adapters, tokenizer, base, base_identity)) if adapters else None  # noqa
     final, prev = os.path.join(run_dir, CHECKPOINT), os.path.join(run_dir, PREVIOUS)
     freed = folder_bytes(prev) if _intact(final) and os.path.isdir(prev) else 0  # the older one goes first
     check_room(run_dir, checkpoint_bytes(model, optimizer, adapters), f"the checkpoint of step {step}", freed,
@@ -390,7 +390,7 @@ def _write(path: str, model, tokenizer, state: dict, write=None):
 # manifest lists the files (a checkpoint.tmp a kill left behind, the heatmaps folder).
 WRITTEN = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer*",
            "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
-           "state.pt", MANIFEST, "adapter_config.json", "README.md", "step*.html")
+           "state.pt", MANIFEST, "adapter_config.json", lora.BASE_FILE, "README.md", "step*.html")
 
 
 def discard(path: str, strict: bool = True):

@@ -287,6 +287,22 @@ def check_adapters(path: str, name: str, flag: str, config_only: bool = False):
             if why:
                 sys.exit(f"{flag} {name}: a damaged checkpoint: {why}")
     check_path(base, f"{flag} {name}: its base", config_only)
+    if not config_only:
+        check_base(name, flag)
+
+
+def check_base(name: str, flag: str):
+    """Exit in one line where the base a LoRA checkpoint names is not the model its adapters were trained on (its
+    weights' SHA-256 against the checkpoint's lora.BASE_FILE): replaced in place, the adapters would be evaluated,
+    merged or trained further over another model. Checkpoints saved before 2026-11-28 record the name only."""
+    recorded = _json(os.path.join(os.path.expanduser(name), lora.BASE_FILE))
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("identity"), dict):
+        return
+    base = adapter_base(name)
+    weights = lambda i: i.get("sha256", i.get("name")) if isinstance(i, dict) else i  # noqa: E731 (not its path)
+    if weights(identity(base)) != weights(recorded["identity"]):
+        sys.exit(f"{flag} {name}: its base {base} is not the model its adapters were trained on (its weights' SHA-256 "
+                 f"differ from those in {lora.BASE_FILE}): put that base back, or train new adapters on this one")
 
 
 # The files that make a tokenizer, one set per kind (tokenizer_config.json alone only names the class).

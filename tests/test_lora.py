@@ -212,3 +212,28 @@ def test_float32_products_from_a_bf16_base(base):
     # margin: 0, bit for bit on this project's CPU (2026-11-25); the tolerance is for other CPUs' kernels
     assert_close(results[0][0], results[1][0], rel=1e-5, what="logits")
     assert_close(results[0][1], results[1][1], rel=1e-5, what="gradient to the embeddings")
+
+
+def test_adapters_refuse_a_base_replaced_in_place(base, tmp_path):
+    # issue 63: the adapters recorded the base's path only: weights replaced there were evaluated, merged and
+    # resumed as if they were the base the adapters were trained on. Now its weights' SHA-256 are recorded and held
+    import shutil
+    import evaluate
+    from infra import models
+    from tools import merge
+    shutil.copytree(base[0].name_or_path, tmp_path / "base")
+    run_dir = tmp_path / "run"
+    flags = ["--model", str(tmp_path / "base"), "--method", "grpo", "--run-dir", str(run_dir), *SMALL]
+    train.main(flags + ["--steps", "1", "--no-final-eval"])
+    ckpt = str(run_dir / "checkpoint")
+    models.check_path(ckpt)  # the same base: accepted
+    other = type(base[0])(base[0].config)  # the same shapes, other weights
+    other.save_pretrained(tmp_path / "base")
+    for act in (lambda: models.check_path(ckpt), lambda: merge.main([ckpt, str(tmp_path / "merged")]),
+                lambda: evaluate.main(["--model", ckpt, "--benchmarks", "tiny", "--threads", "1"]),
+                lambda: train.main(flags + ["--steps", "2", "--resume"])):
+        with pytest.raises(SystemExit) as e:
+            act()
+        said = str(e.value.code)
+        assert f"its base {tmp_path / 'base'} is not the model its adapters were trained on" in said, said
+    assert not (tmp_path / "merged").exists()
