@@ -84,6 +84,11 @@ def check(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
                 if key in saved and as_saved(saved[key]) != as_saved(getattr(args, key)):
                     fail(f"--resume: {run_dir} is a run with --{key.replace('_', '-')} {saved[key]}, not "
                          f"{getattr(args, key)}; resume it with the same setting, or use another --run-dir")
+        for name in (CHECKPOINT, PREVIOUS):  # the saves ahead rotate these folders away whole
+            kept = foreign(os.path.join(run_dir, name)) if os.path.isdir(os.path.join(run_dir, name)) else []
+            if kept:
+                fail(f"--resume: {kept[0]} is not of this run (its checkpoint's manifest does not list it), and the "
+                     f"run's next saves would take its folder away: move it out of {run_dir}, then --resume")
         done = (read_json(os.path.join(ckpt, MANIFEST)) or {}).get("step") if ckpt else None
         if isinstance(done, int) and args.steps < done:
             fail(f"--resume: {ckpt} is at step {done}, past --steps {args.steps}; pass --steps {done} or more")
@@ -138,6 +143,17 @@ def enclosing_run(run_dir: str):
         if up == here:
             return None
         here = up
+
+
+def in_checkpoint(path: str):
+    """The checkpoint folder of a run (checkpoint, checkpoint.prev, checkpoint.tmp) that `path` is or lies in, or
+    None: what a save rotates away."""
+    here = os.path.abspath(path)
+    while os.path.dirname(here) != here:
+        if os.path.basename(here) in (CHECKPOINT, PREVIOUS, TMP) and is_run(os.path.dirname(here)):
+            return here
+        here = os.path.dirname(here)
+    return None
 
 
 def wrong_kind(run_dir: str):
@@ -393,31 +409,45 @@ WRITTEN = ("config.json", "generation_config.json", "*.safetensors", "*.safetens
            "state.pt", MANIFEST, "adapter_config.json", lora.BASE_FILE, "README.md", "step*.html")
 
 
-def discard(path: str, strict: bool = True):
-    """Remove a folder this run wrote (a checkpoint, the heat maps) without removing what it did not write: the files
-    its manifest lists, or those named as a checkpoint's writers name them (WRITTEN), then the folders left empty.
-    Anything else (a run put there by hand, a file of another program) is left in place, and with strict the run
-    stops in one line saying so, before it writes anything."""
-    listed = (read_json(os.path.join(path, MANIFEST)) or {}).get("files") or {}
-    listed = set(listed) if isinstance(listed, dict) else set()
-    foreign = []
+def ours(path: str):
+    """A test of the files below the folder `path` that this run wrote (by their path relative to it): those its
+    manifest lists, and the manifest, where it has a readable one (a checkpoint); where it has none (a checkpoint.tmp
+    a kill left unfinished, the heat maps), those named as the writers name them (WRITTEN). A model card or notes
+    a user put into a checkpoint are not the run's, however they are named."""
+    listed = (read_json(os.path.join(path, MANIFEST)) or {}).get("files")
+    if isinstance(listed, dict):
+        return lambda rel: rel in listed or rel == MANIFEST
+    return lambda rel: any(fnmatch.fnmatch(os.path.basename(rel), w) for w in WRITTEN)
+
+
+def foreign(path: str) -> list:
+    """What lies below the folder `path` that this run did not write (ours), a run below it included."""
+    mine, found = ours(path), []
     for d, dirs, names in os.walk(path, topdown=True):
-        if d != path and is_run(d):  # a run below: never taken away
-            foreign.append(d)
+        if d != path and is_run(d):
+            found.append(d)
             dirs[:] = []
             continue
+        found += [os.path.join(d, n) for n in names if not mine(os.path.relpath(os.path.join(d, n), path))]
+    return found
+
+
+def discard(path: str, strict: bool = True):
+    """Remove a folder this run wrote (a checkpoint, the heat maps) without removing what it did not write (ours),
+    then the folders left empty. Anything else (a run put there by hand, a file of another program, a user's notes)
+    is left in place, and with strict the run stops in one line saying so, before it writes anything."""
+    mine, kept = ours(path), foreign(path)
+    for d, _, names in os.walk(path):
         for n in names:
-            rel = os.path.relpath(os.path.join(d, n), path)
-            if rel in listed or any(fnmatch.fnmatch(n, w) for w in WRITTEN):
-                os.remove(os.path.join(d, n))
-            else:
-                foreign.append(os.path.join(d, n))
+            file = os.path.join(d, n)
+            if mine(os.path.relpath(file, path)) and not any(file.startswith(k + os.sep) for k in kept):
+                os.remove(file)
     for d, _, _ in sorted(os.walk(path), key=lambda x: -len(x[0])):  # the deepest first
         if not os.listdir(d):
             os.rmdir(d)
-    if foreign and strict:
-        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        fail(f"{path}: holds what this run did not write ({foreign[0]}{more}), which it leaves in place; move it out "
+    if kept and strict:
+        more = f" and {len(kept) - 1} more" if len(kept) > 1 else ""
+        fail(f"{path}: holds what this run did not write ({kept[0]}{more}), which it leaves in place; move it out "
              f"of the run's folder, then --resume")
 
 

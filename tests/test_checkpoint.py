@@ -656,13 +656,33 @@ def test_a_save_never_deletes_what_it_did_not_write(base, tmp_path):
     train.main(["--steps", "2", "--save-every", "1", "--run-dir", str(run_dir), *SMALL])
     (run_dir / "checkpoint.prev" / "notes.txt").write_text("mine")
     message = refused(["--steps", "3", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
-    assert message.startswith(f"{run_dir / 'checkpoint.prev'}: holds what this run did not write "
-                              f"({run_dir / 'checkpoint.prev' / 'notes.txt'}), which it leaves in place")
+    assert message.startswith(f"--resume: {run_dir / 'checkpoint.prev' / 'notes.txt'} is not of this run")
     assert (run_dir / "checkpoint.prev" / "notes.txt").read_text() == "mine"
     assert checkpoint.problem(str(run_dir / "checkpoint")) is None  # the last checkpoint is whole
     os.rename(run_dir / "checkpoint.prev" / "notes.txt", tmp_path / "notes.txt")
     train.main(["--steps", "3", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
     assert json.load(open(run_dir / "checkpoint" / "manifest.json"))["step"] == 3
+
+
+def test_a_save_deletes_only_what_the_manifest_says_it_wrote(base, tmp_path):
+    # issue 63: a resumed run's rotation deleted files in checkpoint/ named like the ones it writes (a model card
+    # README.md a user added, notes named tokenizer_*); tools.merge wrote into a run's checkpoint, which the next
+    # save deleted
+    from tools import merge
+    run_dir = tmp_path / "run"
+    train.main(["--steps", "2", "--save-every", "1", "--run-dir", str(run_dir), *SMALL])
+    mine = {run_dir / "checkpoint" / "README.md": "my model card", run_dir / "checkpoint" / "tokenizer_notes.txt": "x"}
+    for path, text in mine.items():
+        path.write_text(text)
+    message = refused(["--steps", "4", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
+    assert message.startswith("--resume: ") and "is not of this run" in message
+    checkpoint.discard(str(run_dir / "checkpoint"), strict=False)  # a rotation by hand: the run's files only
+    assert {p: p.read_text() for p in mine} == mine and sorted(os.listdir(run_dir / "checkpoint")) == \
+        ["README.md", "tokenizer_notes.txt"]
+    for out in (run_dir / "checkpoint" / "merged", run_dir / "checkpoint.prev" / "m" / "n"):
+        with pytest.raises(SystemExit) as e:
+            merge.main([str(run_dir / "checkpoint.prev"), str(out)])
+        assert "inside the run's checkpoint folder" in str(e.value.code)
 
 
 @pytest.mark.parametrize("part, kind", [("checkpoint", "file"), ("heatmaps", "file"), ("metrics.jsonl", "folder")])

@@ -15,6 +15,10 @@ def main(argv=None):
     p.add_argument("checkpoint", help="a train.py LoRA checkpoint: adapter_config.json and adapter_model.safetensors")
     p.add_argument("out", help="the folder to write the merged model to (new, or empty)")
     args = p.parse_args(argv)
+    inside = checkpoint.in_checkpoint(args.out)
+    if inside:  # the run's next save, or its --overwrite, would take the merged model with it
+        sys.exit(f"{args.out}: inside the run's checkpoint folder {inside}, which the run's saves replace whole: "
+                 f"choose a folder outside it")
     if not models.adapter_base(args.checkpoint):
         sys.exit(f"{args.checkpoint}: not a LoRA checkpoint (no adapter_config.json naming its base)")
     if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
