@@ -80,3 +80,15 @@ def test_no_command_takes_an_abbreviated_flag(command):
         with pytest.raises(SystemExit) as e:
             importlib.import_module(module).main(["--hel"])  # --help's abbreviation: runs nothing either way
     assert parsers and e.value.code == 2 and not parsers[0].allow_abbrev, command
+
+
+@pytest.mark.parametrize("command, bad", [("train.py", ["--lr", "x"]), ("train.py", ["--bogus"]),
+                                          ("evaluate.py", ["--threads", "x"]), ("tools/compare.py", ["--steps", "x"]),
+                                          ("tools/attribution.py", ["--n", "x"]), ("tools/merge.py", [])])
+def test_a_refused_flag_is_one_line_that_says_where_help_is(command, bad, capsys):
+    # issue 63: argparse printed its whole usage (35 lines for train.py) above the one line that says what is wrong
+    module = importlib.import_module(command[:-3].replace("/", "."))
+    with pytest.raises(SystemExit) as e:
+        module.main(bad)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].endswith("--help lists the flags)"), err
