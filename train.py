@@ -363,6 +363,8 @@ def finish(run: Run):
     if run.lock is not None:
         run.lock.close()
     said = f"{_fmt(run.first_accuracy)} -> {_fmt(last)}" if evals else "not evaluated (--no-final-eval)"
+    if evals and evals[-1]["step"] != run.step:  # an older evaluation is not the run's result: say whose it is
+        said += f" (the evaluation of step {evals[-1]['step']}; none after the last step, {run.step}: --no-final-eval)"
     print(f"greedy held-out accuracy: {said}   (run directory: {run.args.run_dir})")
     return run.first_accuracy, last
 
