@@ -50,7 +50,8 @@ def main(argv=None):
         models.check_base(ckpt, "--resume")
     checkpoint.check(args.run_dir, args, args.resume, args.overwrite, ckpt)
     checkpoint.check_room(args.run_dir, memory.disk_plan(models.load_config(args.model), args)["run"],
-                          "this run's checkpoints")  # a full disk said now, not after the steps
+                          "this run's checkpoints and logs",  # a full disk said now, not after the steps
+                          freed=checkpoint.held_bytes(args.run_dir) if ckpt else 0)  # --resume replaces its own
     run = start(args, ckpt)
     try:
         loop(run)

@@ -263,9 +263,9 @@ def append_metrics(path: str, record: dict):
     try:
         with open(path, "a") as f:
             f.write(json.dumps(finite_or_none(record), allow_nan=False) + "\n")
-    except OSError as e:  # a full disk: the lines before stay, --resume continues from the last checkpoint
-        fail(f"{path}: cannot append the record of step {record.get('step')} ({e.strerror or e}); --resume "
-             f"continues from the last checkpoint")
+    except OSError as e:  # a full disk: the lines before stay; what --resume can do is said as it is
+        fail(f"{path}: cannot append the record of step {record.get('step')} ({e.strerror or e}); "
+             f"{last_saved(os.path.dirname(path))}")
 
 
 def read_metrics(path: str, up_to_step: int = None) -> list:
@@ -466,6 +466,13 @@ def check_room(run_dir: str, need: int, what: str, freed: int = 0, then: str = "
         fail(f"{what} take{'s' * (not what.endswith('s'))} about {need / 2 ** 30:.2f} GiB and {free / 2 ** 30:.2f} "
              f"GiB are free there: free space, or choose another --run-dir (--save-every 0 --no-final-save saves "
              f"nothing){then}")
+
+
+def held_bytes(run_dir: str) -> int:
+    """What the run's checkpoint folders take now: a resumed run replaces them as it saves, so its plan needs that
+    much less free space."""
+    return sum(folder_bytes(os.path.join(run_dir, n)) for n in (CHECKPOINT, PREVIOUS, TMP)
+               if os.path.isdir(os.path.join(run_dir, n)))
 
 
 def checkpoint_bytes(model, optimizer, adapters=None) -> int:

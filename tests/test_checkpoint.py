@@ -188,7 +188,8 @@ def test_a_full_disk_at_a_metrics_line_is_one_line(base, tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:
         train.main(["--steps", "2", "--resume", "--run-dir", run_dir, *SMALL])
     assert str(e.value.code) == (f"{metrics}: cannot append the record of step 2 (No space left on device); "
-                                 f"--resume continues from the last checkpoint")
+                                 f"{os.path.join(run_dir, 'checkpoint')} (step 1) is intact: --resume continues "
+                                 f"from it")
     assert open(metrics).read() == before
 
 
@@ -664,6 +665,32 @@ def test_a_save_never_deletes_what_it_did_not_write(base, tmp_path):
     assert json.load(open(run_dir / "checkpoint" / "manifest.json"))["step"] == 3
 
 
+def test_the_disk_check_counts_the_logs_gives_true_advice_and_lets_a_resume_reuse_its_room(base, tmp_path,
+                                                                                          monkeypatch):
+    # issue 63: the check counted checkpoints only (a run saving none needed 0 bytes), advised "--resume continues
+    # from the last checkpoint" where none was saved, and refused a --resume that needed less than was free (its own
+    # checkpoints, replaced as it saves, counted as new)
+    from infra import memory
+    args = training.parse_args(["--save-every", "0", "--no-final-save", "--report-to", "none"])
+    assert memory.disk_plan(base[0].config, args)["run"] > 0
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").mkdir()  # an append that fails
+    with pytest.raises(SystemExit) as e:
+        checkpoint.append_metrics(str(run_dir / "metrics.jsonl"), {"step": 1})
+    assert "no earlier checkpoint was saved" in str(e.value.code) and "--resume continues" not in str(e.value.code)
+    shutil.rmtree(run_dir)
+    train.main(["--steps", "2", "--save-every", "1", "--run-dir", str(run_dir), *SMALL])
+    plan = memory.disk_plan(base[0].config,
+                            training.parse_args(["--steps", "3", "--save-every", "1", *SMALL]))["run"]
+    held = checkpoint.held_bytes(str(run_dir))
+    assert held > 0
+    real = shutil.disk_usage
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: real(p)._replace(free=plan - held // 2))
+    train.main(["--steps", "3", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
+    assert json.load(open(run_dir / "checkpoint" / "manifest.json"))["step"] == 3
+
+
 def test_a_save_deletes_only_what_the_manifest_says_it_wrote(base, tmp_path):
     # issue 63: a resumed run's rotation deleted files in checkpoint/ named like the ones it writes (a model card
     # README.md a user added, notes named tokenizer_*); tools.merge wrote into a run's checkpoint, which the next
@@ -715,7 +742,7 @@ def test_a_full_disk_is_said_before_the_model_loads_and_before_a_save(base, tmp_
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: real(p)._replace(free=free["bytes"]))
     monkeypatch.setattr(train.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     message = refused(["--steps", "2", "--run-dir", str(run_dir), *SMALL])
-    assert message.startswith("this run's checkpoints take about 0.0") and "GiB are free there" in message
+    assert message.startswith("this run's checkpoints and logs take about 0.0") and "GiB are free there" in message
     assert not run_dir.exists()
     monkeypatch.undo()
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: real(p)._replace(free=free["bytes"]))
