@@ -250,5 +250,7 @@ def check(args):
         raise Refused(f"--memory {args.memory}: must be greater than 0")
     if track.problem(args.report_to):
         raise Refused(track.problem(args.report_to))
+    if not args.dry_run and track.folder_problem(args.report_to, args.run_dir):
+        raise Refused(track.folder_problem(args.report_to, args.run_dir))
     if args.resume and args.overwrite:
         raise Refused("--resume and --overwrite: choose one (continue the run, or delete it and start over)")

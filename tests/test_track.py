@@ -238,3 +238,40 @@ def test_a_recipe_is_applied_whole_or_refused(tmp_path, capsys):
     assert "a run of --method dapo" in capsys.readouterr().err
     again = training.parse_args(["--config", run_json, "--method", "dapo", "--run-dir", str(tmp_path / "b")])
     assert again.eps_high == 0.28 and again.config == run_json
+
+
+def test_a_tracker_never_ends_a_run_with_a_traceback(base, tmp_path, monkeypatch, capsys):
+    # issue 63: an unwritable tracker folder, a disk that fills during a tracker's write, an empty wandb run id on
+    # --resume each ended the run with a traceback
+    from infra import models
+    run_dir = tmp_path / "run"
+    small = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--eval-limit", "8", "--eval-every", "1",
+             "--threads", "1", "--run-dir", str(run_dir), "--report-to", "tensorboard"]
+    run_dir.mkdir()
+    (run_dir / "tensorboard").write_text("not a folder")
+    with monkeypatch.context() as m:
+        m.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+        with pytest.raises(SystemExit):
+            train.main(small)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tensorboard is a file where the tracker keeps a folder" in err[0], err
+    os.remove(run_dir / "tensorboard")
+    calls = {"n": 0}
+
+    def full(self, record):
+        calls["n"] += 1
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(track.TensorBoard, "log", full)
+    train.main(small)
+    out = capsys.readouterr().out
+    assert calls["n"] == 1 and out.count("--report-to tensorboard: failed (OSError") == 1
+    assert "training goes on without it" in out
+    assert [r["step"] for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "reward_mean" in r] == [1, 2]
+    id_file = tmp_path / "run-id"
+    for text in ("", "\x00\x01 not an id\n"):
+        id_file.write_text(text)
+        run_id = track.read_run_id(str(id_file))
+        assert run_id and run_id.isalnum()
+        assert "this run's curves go on in a new wandb run" in capsys.readouterr().out
+    id_file.write_text("ab12cd34\n")
+    assert track.read_run_id(str(id_file)) == "ab12cd34"
