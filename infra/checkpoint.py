@@ -389,9 +389,7 @@ def _write(path: str, model, tokenizer, state: dict, write=None):
         write(path)
     torch.save(state, os.path.join(path, "state.pt"))
     files = sorted(os.path.relpath(os.path.join(d, n), path) for d, _, names in os.walk(path) for n in names)
-    mode = 0o666 & ~_umask()  # the mode any file of the run has: safetensors writes its weights 0600
-    for n in files:
-        os.chmod(os.path.join(path, n), mode)
+    usual_modes(path)
     manifest = {"step": state["step"],
                 "files": {n: {"bytes": os.path.getsize(os.path.join(path, n)),
                               "sha256": _sha256(os.path.join(path, n))} for n in files}}
@@ -437,14 +435,18 @@ def discard(path: str, strict: bool = True):
     then the folders left empty. Anything else (a run put there by hand, a file of another program, a user's notes)
     is left in place, and with strict the run stops in one line saying so, before it writes anything."""
     mine, kept = ours(path), foreign(path)
-    for d, _, names in os.walk(path):
-        for n in names:
-            file = os.path.join(d, n)
-            if mine(os.path.relpath(file, path)) and not any(file.startswith(k + os.sep) for k in kept):
-                os.remove(file)
-    for d, _, _ in sorted(os.walk(path), key=lambda x: -len(x[0])):  # the deepest first
-        if not os.listdir(d):
-            os.rmdir(d)
+    try:
+        for d, _, names in os.walk(path):
+            for n in names:
+                file = os.path.join(d, n)
+                if mine(os.path.relpath(file, path)) and not any(file.startswith(k + os.sep) for k in kept):
+                    os.remove(file)
+        for d, _, _ in sorted(os.walk(path), key=lambda x: -len(x[0])):  # the deepest first
+            if not os.listdir(d):
+                os.rmdir(d)
+    except OSError as e:  # a folder made read-only: one line, and what the run can still continue from
+        fail(f"{path}: cannot be removed ({e.strerror or e}: {e.filename}); make it writable again, then --resume "
+             f"({_last(os.path.join(os.path.dirname(path), CHECKPOINT))})")
     if kept and strict:
         more = f" and {len(kept) - 1} more" if len(kept) > 1 else ""
         fail(f"{path}: holds what this run did not write ({kept[0]}{more}), which it leaves in place; move it out "
@@ -481,6 +483,17 @@ def checkpoint_bytes(model, optimizer, adapters=None) -> int:
     trained = sum(p.numel() * 4 for group in optimizer.param_groups for p in group["params"])
     weights = trained if adapters else sum(p.numel() * p.element_size() for p in model.parameters())
     return weights + 2 * trained + 32 * 2 ** 20
+
+
+def usual_modes(path: str):
+    """Every file below the folder `path` given the mode any other file of the user has (0666 less the umask):
+    safetensors writes its weights 0600, which another user of a shared model or run folder then cannot read.
+    Used on everything the project writes a model into (checkpoints, tools.merge's and TRL's outputs, converted
+    models)."""
+    mode = 0o666 & ~_umask()
+    for d, _, names in os.walk(path):
+        for n in names:
+            os.chmod(os.path.join(d, n), mode)
 
 
 def _umask() -> int:
@@ -529,6 +542,8 @@ def problem(path: str, skip: tuple = ()):
     """Why the checkpoint directory `path` cannot be resumed from (one line), or None if it is complete. skip: files
     not checked (state.pt, where only the model is read)."""
     manifest = read_json(os.path.join(path, MANIFEST))
+    if manifest is None and os.path.isfile(os.path.join(path, MANIFEST)) and not readable(os.path.join(path, MANIFEST)):
+        return f"{os.path.join(path, MANIFEST)}: cannot be read (permissions?)"
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(isinstance(e, dict) and {"bytes", "sha256"} <= e.keys()
                                               for e in files.values()):
@@ -541,9 +556,21 @@ def problem(path: str, skip: tuple = ()):
             return f"{file}: missing"
         if os.path.getsize(file) != expect["bytes"]:
             return f"{file}: {os.path.getsize(file)} bytes, {expect['bytes']} when saved (truncated?)"
-        if _sha256(file) != expect["sha256"]:
+        try:
+            digest = _sha256(file)
+        except OSError as e:  # there, but not readable (permissions): not "missing", not "damaged"
+            return f"{file}: cannot be read ({e.strerror or e})"
+        if digest != expect["sha256"]:
             return f"{file}: its contents changed since it was saved (SHA-256 differs)"
     return None
+
+
+def readable(path: str) -> bool:
+    try:
+        with open(path, "rb"):
+            return True
+    except OSError:
+        return False
 
 
 def find(run_dir: str) -> str:

@@ -229,6 +229,8 @@ def packaged_directory(name: str, flag: str = "--model") -> str:
         try:
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
+            from infra import checkpoint
+            checkpoint.usual_modes(tmp)
             shutil.rmtree(out, ignore_errors=True)
             os.replace(tmp, out)
         finally:

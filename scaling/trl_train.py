@@ -203,6 +203,7 @@ def main(argv=None):
     if main_process:
         after = held_out_accuracy(trainer.model, tokenizer, held_out, cfg, script)
         trainer.save_model(cfg.output_dir)
+        checkpoint.usual_modes(cfg.output_dir)  # safetensors writes 0600
         print(f"{cfg.max_steps} steps in {seconds:.0f} s ({seconds / cfg.max_steps:.2f} s a step)")
         print(f"greedy held-out accuracy: {before:.3f} -> {after:.3f}   ({len(held_out.eval_golds)} problems, "
               f"model in {cfg.output_dir})")

@@ -793,3 +793,38 @@ def test_a_checkpoint_of_an_unfused_adamw_resumes_fused_with_the_same_updates():
     new.step()
     assert_close(w2.detach(), w.detach(), rel=1e-6, what="the update after resuming")
     assert new.state[w2]["step"].item() == 3
+
+
+def test_permissions_every_weights_file_alike_unreadable_said_so_a_read_only_folder_one_line(base, tmp_path,
+                                                                                           monkeypatch):
+    # issue 63: the tiny base in .cache/ kept safetensors' 0600; a file there but unreadable was reported as
+    # missing or damaged (or a traceback); a read-only checkpoint folder gave a PermissionError traceback
+    from toyworld import tiny
+    monkeypatch.setattr(tiny, "warm_start", lambda *a, **k: None)  # the file's mode only: no training
+    _, _, path = tiny.load_or_build(cache_dir=str(tmp_path / "cache"))
+    usual = 0o666 & ~checkpoint._umask()
+    assert {f: os.stat(os.path.join(path, f)).st_mode & 0o777 for f in os.listdir(path)} == \
+        {f: usual for f in os.listdir(path)}
+    run_dir = tmp_path / "run"
+    train.main(["--steps", "2", "--save-every", "1", "--run-dir", str(run_dir), *SMALL])
+    weights = str(run_dir / "checkpoint" / "model.safetensors")
+    real_sha, real_remove = checkpoint._sha256, os.remove
+
+    def unreadable(path):
+        if path == weights:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return real_sha(path)
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, "_sha256", unreadable)
+        assert checkpoint.problem(str(run_dir / "checkpoint")) == f"{weights}: cannot be read (Permission denied)"
+
+    def read_only(path, *a, **k):
+        if f"{os.sep}checkpoint.prev{os.sep}" in str(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return real_remove(path, *a, **k)
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint.os, "remove", read_only)
+        message = refused(["--steps", "3", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
+    assert "\n" not in message and message.startswith(f"{run_dir / 'checkpoint.prev'}: cannot be removed "
+                                                      f"(Permission denied")
+    assert message.endswith("(step 2) is intact: --resume continues from it)")

@@ -28,6 +28,7 @@ def main(argv=None):
     model, tokenizer, _ = models.load_model(args.checkpoint, "checkpoint")
     model.save_pretrained(args.out)
     tokenizer.save_pretrained(args.out)
+    checkpoint.usual_modes(args.out)
     print(f"wrote {args.out}: {models.adapter_base(args.checkpoint)} with {args.checkpoint}'s adapters merged")
 
 
