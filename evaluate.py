@@ -239,9 +239,15 @@ def check_args(p, args) -> list:
         p.error(f"--out {args.out} exists: pass --overwrite to replace it, or choose another file")
     try:
         checkpoint.writable_dir(os.path.dirname(args.out or default_out(args, names)) or ".", "--out")
+        # a disk too full for the results file is said now, not after the whole benchmark has run
+        checkpoint.check_room(os.path.dirname(args.out or default_out(args, names)) or ".", RESULTS_ROOM,
+                              "--out's results file", advice="free space, or choose another --out")
     except SystemExit as e:
         p.error(str(e))
     return names
+
+
+RESULTS_ROOM = 1 << 20  # bytes of free disk the results file needs (a few KiB: their counts, not the responses)
 
 
 def main(argv=None):
@@ -295,8 +301,16 @@ def main(argv=None):
     settings["template"] = "chat template" if getattr(tokenizer, "chat_template", None) else "plain + instruction"
     worlds = [b for b in names if data.dataset(b).world is not None]
     settings["template"] += f"; {', '.join(worlds)}: the tiny world's own Q:/A: prompt" if worlds else ""
-    with open(out, "w") as f:
-        json.dump({"settings": settings, "results": results}, f, indent=1)
+    tmp = out + f".tmp{os.getpid()}"  # whole or not at all: a cut file would block the rerun (--out exists)
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"settings": settings, "results": results}, f, indent=1)
+        os.replace(tmp, out)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        sys.exit(f"--out {out}: cannot be written ({e.strerror or e}); nothing was written there, the table above "
+                 f"holds the results")
     print(f"wrote {out}")
     return results
 

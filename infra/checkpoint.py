@@ -457,7 +457,10 @@ def folder_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
 
 
-def check_room(run_dir: str, need: int, what: str, freed: int = 0, then: str = ""):
+RUN_ADVICE = "free space, or choose another --run-dir (--save-every 0 --no-final-save saves nothing)"
+
+
+def check_room(run_dir: str, need: int, what: str, freed: int = 0, then: str = "", advice: str = RUN_ADVICE):
     """Fail in one line if the disk under run_dir has less than `need` bytes free (plus `freed`, what goes before the
     write): said before the write, not as a traceback in it. what: the line's subject; then: what follows it."""
     there = os.path.abspath(run_dir)
@@ -466,8 +469,7 @@ def check_room(run_dir: str, need: int, what: str, freed: int = 0, then: str = "
     free = shutil.disk_usage(there).free + freed
     if need > free:
         fail(f"{what} take{'s' * (not what.endswith('s'))} about {need / 2 ** 30:.2f} GiB and {free / 2 ** 30:.2f} "
-             f"GiB are free there: free space, or choose another --run-dir (--save-every 0 --no-final-save saves "
-             f"nothing){then}")
+             f"GiB are free there: {advice}{then}")
 
 
 def held_bytes(run_dir: str) -> int:

@@ -461,7 +461,11 @@ def load_model(name: str, flag: str = "--model", world=None):
     tok = load_tokenizer(name, flag)  # the files checked first, a packaged alias converted (once)
     if adapter_base(name):  # a LoRA checkpoint: its base, with the adapters merged into an ordinary model
         model, _, _ = load_model(adapter_base(name), f"{flag} {name}: its base", world)
-        return lora.merged(model, os.path.expanduser(name)), tok, name
+        try:
+            return lora.merged(model, os.path.expanduser(name)), tok, name
+        except Exception as e:  # a truncated adapter file, a base of other shapes: peft's error is dozens of lines
+            sys.exit(f"{flag} {name}: its adapters could not be put on its base {adapter_base(name)} "
+                     f"({type(e).__name__}: {_first_line(e)[:200]})")
     path = packaged_directory(name, flag) if name in MODELS else os.path.expanduser(name)
     gguf = gguf_location(name, flag) if name not in MODELS else None
     try:
