@@ -46,6 +46,8 @@ def claim(out: str, settings: dict, overwrite: bool, holds_results: bool, flag: 
     settings (or with none recorded: holds_results says whether OUT already holds results), and on --overwrite
     remove the files named in `clear` (the tool's own, nothing else), then record `settings`. Returns the lock's open
     file, to keep open while writing (the kernel releases it when the process ends, however it ends)."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        sys.exit(f"{flag} {out}: a file, not a folder; choose another {flag}")
     try:
         os.makedirs(out, exist_ok=True)
         lock = open(os.path.join(out, LOCK), "a")

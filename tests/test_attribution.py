@@ -316,3 +316,13 @@ def test_a_model_whose_weights_changed_in_place_is_another_model(tmp_path):
     (tmp_path / "m" / "model.safetensors").write_bytes(b"two")
     assert models.identity(str(tmp_path / "m")) != before
     assert models.identity("tiny") == {"name": "tiny"}
+
+
+def test_an_out_that_is_a_file_is_one_line(tmp_path):
+    # adversarial pass of issue 63: a file named as --out was "cannot write there (File exists)"
+    import pytest
+    from infra import outfolder
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        outfolder.claim(str(tmp_path / "f"), {}, False, False)
+    assert str(e.value.code) == f"--out {tmp_path / 'f'}: a file, not a folder; choose another --out"
