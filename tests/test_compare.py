@@ -157,6 +157,7 @@ def test_a_finished_comparison_is_not_reused_under_other_train_flags(tmp_path, m
         assert said in str(e.value.code) and "--overwrite" in str(e.value.code)
         assert (out / "results.md").read_text() == table
     compare.main(flags + ["--", "--lr", "1e-4"])  # the same flags: reused
+    compare.main(flags + ["--", "--lr=1e-4"])  # spelled otherwise: the same setting
     with pytest.raises(SystemExit) as e:  # a comparison under way in another process
         held = __import__("infra.outfolder").outfolder.claim(str(out), {}, True, False)
         compare.main(flags + ["--", "--lr", "1e-4"])

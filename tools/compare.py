@@ -95,12 +95,17 @@ def settings(args) -> dict:
     """What defines every run of OUT besides its method and seed, recorded in OUT (infra/outfolder.py): a later
     command with other values would reuse or resume runs made with these, and head their table with its own flags."""
     return {"--dataset": models.identity(args.dataset), "--steps": args.steps, "--eval-every": args.eval_every,
-            "the train.py flags after --": args.train_args}
+            "the train.py flags after --": spelled_out(args.train_args)}
+
+
+def spelled_out(flags: list) -> list:
+    """Flags with every --flag=value as --flag value: two spellings of one setting are one setting."""
+    return [w for f in flags for w in (f.split("=", 1) if f.startswith("--") and "=" in f else [f])]
 
 
 def defining_flags(method, seed, args) -> list:
     """train_flags less --threads (which changes the speed, not the run): what done.json records of a run."""
-    flags = train_flags(method, seed, args)
+    flags = spelled_out(train_flags(method, seed, args))
     if args.threads:
         at = flags.index("--threads")
         del flags[at:at + 2]
