@@ -9,9 +9,10 @@ any other reader of the command line would not see it, and the run would record 
 import argparse
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse's parser with abbreviations off (a flag is taken only as it is spelled in --help), whose errors are
-    one line. refused: the last error's own text, for a caller that words it itself (config/shared.parse_quietly)."""
+class OneLine:
+    """Abbreviations off (a flag is taken only as it is spelled in --help) and errors in one line, for any subclass
+    of argparse's parser (TRL's HfArgumentParser too). refused: the last error's own text, for a caller that words
+    it itself (config/shared.parse_quietly)."""
     refused = None
 
     def __init__(self, *args, **kwargs):
@@ -21,3 +22,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message):
         self.refused = message
         self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the flags)\n")
+
+
+class Parser(OneLine, argparse.ArgumentParser):
+    """argparse's parser, OneLine."""

@@ -34,7 +34,7 @@ from trl import GRPOConfig, ModelConfig, get_peft_config  # noqa: E402
 import data  # noqa: E402
 import evaluate  # noqa: E402
 from config import shared  # noqa: E402
-from infra import checkpoint, cpu, lora, models  # noqa: E402
+from infra import checkpoint, cli, cpu, lora, models  # noqa: E402
 from scaling import trl_grpo  # noqa: E402
 
 
@@ -74,7 +74,7 @@ def parse(argv=None):
     the base's presets (D1 epsilon_high, G5 loss_type) fill the GRPOConfig fields not given on the command line.
     LoRA's adapters go on every projection by default, as train.py's --lora-rank."""
     argv = sys.argv[1:] if argv is None else argv
-    p = HfArgumentParser((ScriptArguments, GRPOConfig, ModelConfig), allow_abbrev=False)  # infra/cli.py: why
+    p = type("Parser", (cli.OneLine, HfArgumentParser), {})((ScriptArguments, GRPOConfig, ModelConfig))  # why: cli
     p.set_defaults(**DEFAULTS)
     check(p.parse_args(argv))
     try:
