@@ -17,7 +17,6 @@ usual name (needs internet). locate() finds a set without reading it, to fail be
 
     python data.py gsm8k my.jsonl   # load these and list every row that cannot be used
 """
-import argparse
 import codecs
 import collections
 import json
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import reward
+from infra import cli
 from toyworld import tasks, tiny
 
 # the local copies of the benchmarks: $MATH_DATA_DIR, else ../shared/data beside the project
@@ -583,7 +583,7 @@ def check_references(name: str, data_dir: str = DATA_DIR, split: str = "test"):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="check the loader and the grader on the local benchmark files: every "
+    p = cli.Parser(description="check the loader and the grader on the local benchmark files: every "
                                             "row that cannot be used is listed with its file and line")
     p.add_argument("datasets", nargs="*", help=f"benchmarks ({', '.join(BENCHMARKS)}) or .jsonl files "
                                                f"(default: every benchmark in --data-dir)")

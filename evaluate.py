@@ -13,7 +13,6 @@ pass@1, avg@k and pass@k (when --k > 1), the mean response length, the share of 
 the checker's timeouts and parse failures, and the settings. train.py's held-out evaluation of the tiny world
 calls score() below.
 """
-import argparse
 import collections
 import json
 import os
@@ -28,7 +27,7 @@ import data
 import reward
 import sample
 from config import shared
-from infra import checkpoint, cpu, models
+from infra import checkpoint, cli, cpu, models
 
 # the papers' seven benchmarks, in the order they report them
 BENCHMARKS = ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench", "gsm8k"]
@@ -240,13 +239,19 @@ def check_args(p, args) -> list:
         p.error(f"--out {args.out} exists: pass --overwrite to replace it, or choose another file")
     try:
         checkpoint.writable_dir(os.path.dirname(args.out or default_out(args, names)) or ".", "--out")
+        # a disk too full for the results file is said now, not after the whole benchmark has run
+        checkpoint.check_room(os.path.dirname(args.out or default_out(args, names)) or ".", RESULTS_ROOM,
+                              "--out's results file", advice="free space, or choose another --out")
     except SystemExit as e:
         p.error(str(e))
     return names
 
 
+RESULTS_ROOM = 1 << 20  # bytes of free disk the results file needs (a few KiB: their counts, not the responses)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description="greedy pass@1, avg@k and pass@k on the math benchmarks")
+    p = cli.Parser(description="greedy pass@1, avg@k and pass@k on the math benchmarks")
     shared.add_shared_flags(p)  # --model, --data-dir, --device, --bf16, --threads: as train.py's
     p.add_argument("--benchmarks", default=",".join(BENCHMARKS),
                    help=f"comma-separated: {', '.join(data.DATASETS)} (tiny, chain and arith: their held-out sets), "
@@ -296,8 +301,16 @@ def main(argv=None):
     settings["template"] = "chat template" if getattr(tokenizer, "chat_template", None) else "plain + instruction"
     worlds = [b for b in names if data.dataset(b).world is not None]
     settings["template"] += f"; {', '.join(worlds)}: the tiny world's own Q:/A: prompt" if worlds else ""
-    with open(out, "w") as f:
-        json.dump({"settings": settings, "results": results}, f, indent=1)
+    tmp = out + f".tmp{os.getpid()}"  # whole or not at all: a cut file would block the rerun (--out exists)
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"settings": settings, "results": results}, f, indent=1)
+        os.replace(tmp, out)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        sys.exit(f"--out {out}: cannot be written ({e.strerror or e}); nothing was written there, the table above "
+                 f"holds the results")
     print(f"wrote {out}")
     return results
 

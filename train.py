@@ -46,9 +46,12 @@ def main(argv=None):
     data.locate(args.eval_dataset, "test", args.data_dir, "--eval-dataset")
     models.check_path(args.model)
     ckpt = checkpoint.find(args.run_dir) if args.resume else None
+    if ckpt and args.lora_rank:  # the adapters continue only on the base they were trained on
+        models.check_base(ckpt, "--resume")
     checkpoint.check(args.run_dir, args, args.resume, args.overwrite, ckpt)
     checkpoint.check_room(args.run_dir, memory.disk_plan(models.load_config(args.model), args)["run"],
-                          "this run's checkpoints")  # a full disk said now, not after the steps
+                          "this run's checkpoints and logs",  # a full disk said now, not after the steps
+                          freed=checkpoint.held_bytes(args.run_dir) if ckpt else 0)  # --resume replaces its own
     run = start(args, ckpt)
     try:
         loop(run)
@@ -344,8 +347,10 @@ def finish_step(run: Run, done: int, shown=None) -> bool:
         if shown is not None:
             shown(done)
     if (args.save_every and done % args.save_every == 0) or (last_step and args.final_save):
+        base = models.base_name(args.model, run.model)  # under LoRA: the adapters' base, by name and by its weights
         checkpoint.save_run(args.run_dir, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
-                            run.problem_rng, args, run.buffer, run.adapters, models.base_name(args.model, run.model))
+                            run.problem_rng, args, run.buffer, run.adapters, base,
+                            models.identity(base) if run.adapters else None)
     if out_of_time:
         tqdm.write(f"--max-minutes {args.max_minutes} reached after {done} steps")
     return out_of_time
@@ -359,6 +364,8 @@ def finish(run: Run):
     if run.lock is not None:
         run.lock.close()
     said = f"{_fmt(run.first_accuracy)} -> {_fmt(last)}" if evals else "not evaluated (--no-final-eval)"
+    if evals and evals[-1]["step"] != run.step:  # an older evaluation is not the run's result: say whose it is
+        said += f" (the evaluation of step {evals[-1]['step']}; none after the last step, {run.step}: --no-final-eval)"
     print(f"greedy held-out accuracy: {said}   (run directory: {run.args.run_dir})")
     return run.first_accuracy, last
 

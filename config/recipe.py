@@ -15,6 +15,7 @@ import json
 
 import yaml
 
+import methods
 from config import shared
 from config.shared import Refused
 
@@ -81,10 +82,42 @@ def argv_of(p: argparse.ArgumentParser, path: str) -> list:
 
 
 def expand(p: argparse.ArgumentParser, argv: list) -> list:
-    """argv with --config FILE's flags put first, so that the command line's own flags, read later, win."""
+    """argv with --config FILE's flags put first, so that the command line's own flags, read later, win. A recipe is
+    applied whole or refused: two --config (argparse would record the last, this applied the first), and a run's
+    run.json under another --method (its values hold the other method's presets, which would stay without a word)."""
+    given = [(i, argv[i + 1] if word == "--config" else word.split("=", 1)[1]) for i, word in enumerate(argv)
+             if word == "--config" and i + 1 < len(argv) or word.startswith("--config=")]
+    if len(given) > 1:
+        raise Refused(f"--config given {len(given)} times ({', '.join(f for _, f in given)}): one recipe a run; put "
+                      f"the other's flags on the command line")
+    if not given:
+        return argv
+    path = given[0][1]
+    method = run_method(path)
     for i, word in enumerate(argv):
-        if word == "--config" and i + 1 < len(argv):
-            return argv_of(p, argv[i + 1]) + argv
-        if word.startswith("--config="):
-            return argv_of(p, word.split("=", 1)[1]) + argv
-    return argv
+        other = argv[i + 1] if word == "--method" and i + 1 < len(argv) else \
+            word.split("=", 1)[1] if word.startswith("--method=") else None
+        if method is not None and other is not None and same_method(other) != same_method(method):
+            raise Refused(f"--config {path}: a run of --method {method}, whose settings hold that method's presets; "
+                          f"--method {other} would keep them: repeat the run without --method, or start from a "
+                          f"recipe (recipes/*.yaml)")
+    return argv_of(p, path) + argv
+
+
+def same_method(name: str):
+    """A --method as (base, rule) (ktae is grpo+ktae); a name methods does not know, as it is (argparse refuses it)."""
+    try:
+        return methods.parse(name)
+    except ValueError:
+        return name
+
+
+def run_method(path: str):
+    """The method of a run.json (its "method"), or None where the file is a recipe or unreadable (read() says)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return None
+    is_run = isinstance(values, dict) and isinstance(values.get("args"), dict) and "method" in values
+    return values["method"] if is_run else None

@@ -40,7 +40,9 @@ def parse_quietly(p: argparse.ArgumentParser, argv: list):
             return p.parse_args(argv)
     except SystemExit as e:
         lines = said.getvalue().strip().splitlines()
-        raise Refused(lines[-1].split("error: ", 1)[-1] if lines else f"refused (exit status {e.code})") from None
+        own = getattr(p, "refused", None)  # infra/cli.Parser keeps its error's text
+        raise Refused(own or (lines[-1].split("error: ", 1)[-1] if lines else f"refused (exit status {e.code})")) \
+            from None
 
 
 def add_shared_flags(p: argparse.ArgumentParser):

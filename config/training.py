@@ -11,11 +11,11 @@ import methods
 import reward
 from config import recipe, shared
 from config.shared import Refused, number
-from infra import lora, track
+from infra import cli, lora, track
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Critic-free RL for math reasoning: GRPO, DAPO, KTAE, OAR (train.py)",
+    p = cli.Parser(description="Critic-free RL for math reasoning: GRPO, DAPO, KTAE, OAR (train.py)",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     shared.add_shared_flags(p)
     p.add_argument("--method", choices=methods.names(), default="grpo", metavar="METHOD",
@@ -257,5 +257,7 @@ def check(args):
         raise Refused(f"--memory {args.memory}: must be greater than 0")
     if track.problem(args.report_to):
         raise Refused(track.problem(args.report_to))
+    if not args.dry_run and track.folder_problem(args.report_to, args.run_dir):
+        raise Refused(track.folder_problem(args.report_to, args.run_dir))
     if args.resume and args.overwrite:
         raise Refused("--resume and --overwrite: choose one (continue the run, or delete it and start over)")

@@ -84,6 +84,11 @@ def check(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
                 if key in saved and as_saved(saved[key]) != as_saved(getattr(args, key)):
                     fail(f"--resume: {run_dir} is a run with --{key.replace('_', '-')} {saved[key]}, not "
                          f"{getattr(args, key)}; resume it with the same setting, or use another --run-dir")
+        for name in (CHECKPOINT, PREVIOUS):  # the saves ahead rotate these folders away whole
+            kept = foreign(os.path.join(run_dir, name)) if os.path.isdir(os.path.join(run_dir, name)) else []
+            if kept:
+                fail(f"--resume: {kept[0]} is not of this run (its checkpoint's manifest does not list it), and the "
+                     f"run's next saves would take its folder away: move it out of {run_dir}, then --resume")
         done = (read_json(os.path.join(ckpt, MANIFEST)) or {}).get("step") if ckpt else None
         if isinstance(done, int) and args.steps < done:
             fail(f"--resume: {ckpt} is at step {done}, past --steps {args.steps}; pass --steps {done} or more")
@@ -138,6 +143,17 @@ def enclosing_run(run_dir: str):
         if up == here:
             return None
         here = up
+
+
+def in_checkpoint(path: str):
+    """The checkpoint folder of a run (checkpoint, checkpoint.prev, checkpoint.tmp) that `path` is or lies in, or
+    None: what a save rotates away."""
+    here = os.path.abspath(path)
+    while os.path.dirname(here) != here:
+        if os.path.basename(here) in (CHECKPOINT, PREVIOUS, TMP) and is_run(os.path.dirname(here)):
+            return here
+        here = os.path.dirname(here)
+    return None
 
 
 def wrong_kind(run_dir: str):
@@ -247,9 +263,9 @@ def append_metrics(path: str, record: dict):
     try:
         with open(path, "a") as f:
             f.write(json.dumps(finite_or_none(record), allow_nan=False) + "\n")
-    except OSError as e:  # a full disk: the lines before stay, --resume continues from the last checkpoint
-        fail(f"{path}: cannot append the record of step {record.get('step')} ({e.strerror or e}); --resume "
-             f"continues from the last checkpoint")
+    except OSError as e:  # a full disk: the lines before stay; what --resume can do is said as it is
+        fail(f"{path}: cannot append the record of step {record.get('step')} ({e.strerror or e}); "
+             f"{last_saved(os.path.dirname(path))}")
 
 
 def read_metrics(path: str, up_to_step: int = None) -> list:
@@ -329,7 +345,7 @@ def save(run_dir: str, model, tokenizer, state: dict, write=None):
 
 
 def save_run(run_dir: str, step: int, model, tokenizer, optimizer, scheduler, problem_rng, args, buffer: tuple,
-             adapters=None, base: str = None):
+             adapters=None, base: str = None, base_identity: dict = None):
     """A train.py run's checkpoint at `step` (save): the model, or under LoRA its adapters alone (adapters: the peft
     model, infra/lora.py; base: the --model they belong to), and state.pt, which holds all that --resume needs to
     continue bit for bit: the optimizer and scheduler, the torch and problem RNG states, D2's buffer of mixed groups
@@ -337,7 +353,7 @@ def save_run(run_dir: str, step: int, model, tokenizer, optimizer, scheduler, pr
     state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
              "torch_rng": torch.get_rng_state(), "problem_rng": problem_rng.getstate(), "args": vars(args),
              "surplus_qs": buffer[0], "surplus": buffer[1]}
-    write = (lambda path: lora.save(path, adapters, tokenizer, base)) if adapters else None  # noqa: E731
+    write = (lambda path: lora.save(path, adapters, tokenizer, base, base_identity)) if adapters else None  # noqa
     final, prev = os.path.join(run_dir, CHECKPOINT), os.path.join(run_dir, PREVIOUS)
     freed = folder_bytes(prev) if _intact(final) and os.path.isdir(prev) else 0  # the older one goes first
     check_room(run_dir, checkpoint_bytes(model, optimizer, adapters), f"the checkpoint of step {step}", freed,
@@ -373,9 +389,7 @@ def _write(path: str, model, tokenizer, state: dict, write=None):
         write(path)
     torch.save(state, os.path.join(path, "state.pt"))
     files = sorted(os.path.relpath(os.path.join(d, n), path) for d, _, names in os.walk(path) for n in names)
-    mode = 0o666 & ~_umask()  # the mode any file of the run has: safetensors writes its weights 0600
-    for n in files:
-        os.chmod(os.path.join(path, n), mode)
+    usual_modes(path)
     manifest = {"step": state["step"],
                 "files": {n: {"bytes": os.path.getsize(os.path.join(path, n)),
                               "sha256": _sha256(os.path.join(path, n))} for n in files}}
@@ -390,34 +404,52 @@ def _write(path: str, model, tokenizer, state: dict, write=None):
 # manifest lists the files (a checkpoint.tmp a kill left behind, the heatmaps folder).
 WRITTEN = ("config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer*",
            "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja",
-           "state.pt", MANIFEST, "adapter_config.json", "README.md", "step*.html")
+           "state.pt", MANIFEST, "adapter_config.json", lora.BASE_FILE, "README.md", "step*.html")
+
+
+def ours(path: str):
+    """A test of the files below the folder `path` that this run wrote (by their path relative to it): those its
+    manifest lists, and the manifest, where it has a readable one (a checkpoint); where it has none (a checkpoint.tmp
+    a kill left unfinished, the heat maps), those named as the writers name them (WRITTEN). A model card or notes
+    a user put into a checkpoint are not the run's, however they are named."""
+    listed = (read_json(os.path.join(path, MANIFEST)) or {}).get("files")
+    if isinstance(listed, dict):
+        return lambda rel: rel in listed or rel == MANIFEST
+    return lambda rel: any(fnmatch.fnmatch(os.path.basename(rel), w) for w in WRITTEN)
+
+
+def foreign(path: str) -> list:
+    """What lies below the folder `path` that this run did not write (ours), a run below it included."""
+    mine, found = ours(path), []
+    for d, dirs, names in os.walk(path, topdown=True):
+        if d != path and is_run(d):
+            found.append(d)
+            dirs[:] = []
+            continue
+        found += [os.path.join(d, n) for n in names if not mine(os.path.relpath(os.path.join(d, n), path))]
+    return found
 
 
 def discard(path: str, strict: bool = True):
-    """Remove a folder this run wrote (a checkpoint, the heat maps) without removing what it did not write: the files
-    its manifest lists, or those named as a checkpoint's writers name them (WRITTEN), then the folders left empty.
-    Anything else (a run put there by hand, a file of another program) is left in place, and with strict the run
-    stops in one line saying so, before it writes anything."""
-    listed = (read_json(os.path.join(path, MANIFEST)) or {}).get("files") or {}
-    listed = set(listed) if isinstance(listed, dict) else set()
-    foreign = []
-    for d, dirs, names in os.walk(path, topdown=True):
-        if d != path and is_run(d):  # a run below: never taken away
-            foreign.append(d)
-            dirs[:] = []
-            continue
-        for n in names:
-            rel = os.path.relpath(os.path.join(d, n), path)
-            if rel in listed or any(fnmatch.fnmatch(n, w) for w in WRITTEN):
-                os.remove(os.path.join(d, n))
-            else:
-                foreign.append(os.path.join(d, n))
-    for d, _, _ in sorted(os.walk(path), key=lambda x: -len(x[0])):  # the deepest first
-        if not os.listdir(d):
-            os.rmdir(d)
-    if foreign and strict:
-        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        fail(f"{path}: holds what this run did not write ({foreign[0]}{more}), which it leaves in place; move it out "
+    """Remove a folder this run wrote (a checkpoint, the heat maps) without removing what it did not write (ours),
+    then the folders left empty. Anything else (a run put there by hand, a file of another program, a user's notes)
+    is left in place, and with strict the run stops in one line saying so, before it writes anything."""
+    mine, kept = ours(path), foreign(path)
+    try:
+        for d, _, names in os.walk(path):
+            for n in names:
+                file = os.path.join(d, n)
+                if mine(os.path.relpath(file, path)) and not any(file.startswith(k + os.sep) for k in kept):
+                    os.remove(file)
+        for d, _, _ in sorted(os.walk(path), key=lambda x: -len(x[0])):  # the deepest first
+            if not os.listdir(d):
+                os.rmdir(d)
+    except OSError as e:  # a folder made read-only: one line, and what the run can still continue from
+        fail(f"{path}: cannot be removed ({e.strerror or e}: {e.filename}); make it writable again, then --resume "
+             f"({_last(os.path.join(os.path.dirname(path), CHECKPOINT))})")
+    if kept and strict:
+        more = f" and {len(kept) - 1} more" if len(kept) > 1 else ""
+        fail(f"{path}: holds what this run did not write ({kept[0]}{more}), which it leaves in place; move it out "
              f"of the run's folder, then --resume")
 
 
@@ -425,7 +457,10 @@ def folder_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
 
 
-def check_room(run_dir: str, need: int, what: str, freed: int = 0, then: str = ""):
+RUN_ADVICE = "free space, or choose another --run-dir (--save-every 0 --no-final-save saves nothing)"
+
+
+def check_room(run_dir: str, need: int, what: str, freed: int = 0, then: str = "", advice: str = RUN_ADVICE):
     """Fail in one line if the disk under run_dir has less than `need` bytes free (plus `freed`, what goes before the
     write): said before the write, not as a traceback in it. what: the line's subject; then: what follows it."""
     there = os.path.abspath(run_dir)
@@ -434,8 +469,14 @@ def check_room(run_dir: str, need: int, what: str, freed: int = 0, then: str = "
     free = shutil.disk_usage(there).free + freed
     if need > free:
         fail(f"{what} take{'s' * (not what.endswith('s'))} about {need / 2 ** 30:.2f} GiB and {free / 2 ** 30:.2f} "
-             f"GiB are free there: free space, or choose another --run-dir (--save-every 0 --no-final-save saves "
-             f"nothing){then}")
+             f"GiB are free there: {advice}{then}")
+
+
+def held_bytes(run_dir: str) -> int:
+    """What the run's checkpoint folders take now: a resumed run replaces them as it saves, so its plan needs that
+    much less free space."""
+    return sum(folder_bytes(os.path.join(run_dir, n)) for n in (CHECKPOINT, PREVIOUS, TMP)
+               if os.path.isdir(os.path.join(run_dir, n)))
 
 
 def checkpoint_bytes(model, optimizer, adapters=None) -> int:
@@ -444,6 +485,17 @@ def checkpoint_bytes(model, optimizer, adapters=None) -> int:
     trained = sum(p.numel() * 4 for group in optimizer.param_groups for p in group["params"])
     weights = trained if adapters else sum(p.numel() * p.element_size() for p in model.parameters())
     return weights + 2 * trained + 32 * 2 ** 20
+
+
+def usual_modes(path: str):
+    """Every file below the folder `path` given the mode any other file of the user has (0666 less the umask):
+    safetensors writes its weights 0600, which another user of a shared model or run folder then cannot read.
+    Used on everything the project writes a model into (checkpoints, tools.merge's and TRL's outputs, converted
+    models)."""
+    mode = 0o666 & ~_umask()
+    for d, _, names in os.walk(path):
+        for n in names:
+            os.chmod(os.path.join(d, n), mode)
 
 
 def _umask() -> int:
@@ -492,6 +544,8 @@ def problem(path: str, skip: tuple = ()):
     """Why the checkpoint directory `path` cannot be resumed from (one line), or None if it is complete. skip: files
     not checked (state.pt, where only the model is read)."""
     manifest = read_json(os.path.join(path, MANIFEST))
+    if manifest is None and os.path.isfile(os.path.join(path, MANIFEST)) and not readable(os.path.join(path, MANIFEST)):
+        return f"{os.path.join(path, MANIFEST)}: cannot be read (permissions?)"
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not all(isinstance(e, dict) and {"bytes", "sha256"} <= e.keys()
                                               for e in files.values()):
@@ -504,9 +558,21 @@ def problem(path: str, skip: tuple = ()):
             return f"{file}: missing"
         if os.path.getsize(file) != expect["bytes"]:
             return f"{file}: {os.path.getsize(file)} bytes, {expect['bytes']} when saved (truncated?)"
-        if _sha256(file) != expect["sha256"]:
+        try:
+            digest = _sha256(file)
+        except OSError as e:  # there, but not readable (permissions): not "missing", not "damaged"
+            return f"{file}: cannot be read ({e.strerror or e})"
+        if digest != expect["sha256"]:
             return f"{file}: its contents changed since it was saved (SHA-256 differs)"
     return None
+
+
+def readable(path: str) -> bool:
+    try:
+        with open(path, "rb"):
+            return True
+    except OSError:
+        return False
 
 
 def find(run_dir: str) -> str:

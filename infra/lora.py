@@ -18,6 +18,7 @@ model took 7 GB a checkpoint), which models.load_model opens as base + adapters 
 and tools/merge.py writes as an ordinary model. Resume reloads the base from --model and the adapters from the
 checkpoint's file, so it continues bit for bit.
 """
+import json
 import os
 
 import torch
@@ -25,6 +26,9 @@ import torch
 # every linear projection of a Qwen2 / Llama decoder layer: attention's four and the SwiGLU MLP's three
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_CONFIG, ADAPTER_FILE = "adapter_config.json", "adapter_model.safetensors"  # a LoRA checkpoint's, as peft
+# beside them, ours: what identifies the base (models.identity: its weights' SHA-256), since peft records its name
+# only, and a base replaced in place under that name would take the adapters without a word
+BASE_FILE = "adapter_base.json"
 
 
 def peft():
@@ -64,15 +68,19 @@ def trainable(model) -> dict:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-def save(path: str, wrapped, tokenizer, base: str):
+def save(path: str, wrapped, tokenizer, base: str, identity: dict = None):
     """A LoRA checkpoint's model files at path, as peft saves them: adapter_config.json (naming `base`, the
     --model the adapters belong to) and adapter_model.safetensors, megabytes where the merged model takes
-    gigabytes, and the tokenizer. models.load_model opens it as base + adapters; tools/merge.py writes the
-    merged model when one is wanted."""
+    gigabytes, and the tokenizer; and BASE_FILE, the base's identity (models.identity) that models.check_base
+    holds the base to. models.load_model opens it as base + adapters; tools/merge.py writes the merged model when
+    one is wanted."""
     config = wrapped.peft_config[wrapped.active_adapter]
     config.base_model_name_or_path = base
     wrapped.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    if identity is not None:
+        with open(os.path.join(path, BASE_FILE), "w") as f:
+            json.dump({"base": base, "identity": identity}, f, indent=1)
 
 
 def load_adapters(wrapped, path: str):

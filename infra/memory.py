@@ -292,15 +292,30 @@ def available_bytes(device: str, asked_gib: float = None) -> int:
 
 
 def disk_plan(cfg, args) -> dict:
-    """The disk a train.py run's checkpoints take, from the model's config: {what: bytes} of one checkpoint (the
-    weights, under LoRA the adapters alone; AdamW's two moments of what trains; 32 MiB for the tokenizer and the
-    rest), and "run" what the run keeps at most: two of them (the last and the one before, or the last and the one
-    being written), one if it saves once."""
+    """The disk a train.py run takes, from the model's config: {what: bytes} of one checkpoint (the weights, under
+    LoRA the adapters alone; AdamW's two moments of what trains; 32 MiB for the tokenizer and the rest), and "run"
+    what the run keeps at most: two of them (the last and the one before, or the last and the one being written), one
+    if it saves once, and its other files (other_files_bytes)."""
     trained = trained_parameters(cfg, args.lora_rank, args.lora_targets.split(","))
     one = {"weights" if not args.lora_rank else "adapters": 4 * trained, "optimizer state": 8 * trained,
            "tokenizer and the rest": 32 * 2 ** 20}
     saves = (args.steps // args.save_every if args.save_every else 0) + args.final_save
-    return {**one, "run": sum(one.values()) * min(2, saves)}
+    return {**one, "run": sum(one.values()) * min(2, saves) + other_files_bytes(args)}
+
+
+# What a run writes besides its checkpoints, generously (measured on the tiny world, 2026-11-28: 1.2 KB a metrics
+# line, 16-20 KB a heat map of one group of 8 x 48 tokens): a metrics line a step and an evaluation, a heat map a
+# evaluation, and each tracker the same lines again with a table of every completion at each evaluation.
+METRICS_LINE, HEATMAP_TOKEN, TABLE_TOKEN = 4096, 100, 16
+
+
+def other_files_bytes(args) -> int:
+    """The bytes of metrics.jsonl, the heat maps and the trackers' files a run of these settings writes at most."""
+    evals = (args.steps // args.eval_every if args.eval_every else 0) + 2 * args.final_eval
+    trackers = len([t for t in str(getattr(args, "report_to", "none")).split(",") if t.strip() not in ("", "none")])
+    lines = (args.steps + evals) * METRICS_LINE
+    tables = evals * args.prompts_per_step * args.group_size * args.max_new_tokens * TABLE_TOKEN
+    return lines * (1 + trackers) + evals * args.group_size * args.max_new_tokens * HEATMAP_TOKEN + trackers * tables
 
 
 def trained_parameters(cfg, lora_rank: int, lora_targets) -> int:
@@ -337,7 +352,9 @@ def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int, scoring: str = None):
     print(f"disk: a checkpoint takes {sum(v for k, v in disk.items() if k != 'run') / GiB:.2f} GiB ("
           + ", ".join(f"{k} {v / GiB:.2f}" for k, v in disk.items() if k != "run")
           + f"); the run keeps at most {disk['run'] / GiB:.2f} GiB"
-          + (" (the last and the one before)" if disk["run"] > sum(v for k, v in disk.items() if k != "run") else ""))
+          + (" (the last and the one before" if disk["run"] - other_files_bytes(args) > sum(
+              v for k, v in disk.items() if k != "run") else " (its checkpoint")
+          + f", and {other_files_bytes(args) / 2 ** 20:.1f} MiB of metrics, heat maps and trackers' files)")
     if peak <= gpu_bytes:
         return peak
     print("flags that would bring it down (each alone, then all together):")

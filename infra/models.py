@@ -241,6 +241,8 @@ def packaged_directory(name: str, flag: str = "--model") -> str:
         try:
             model.save_pretrained(tmp)
             tok.save_pretrained(tmp)
+            from infra import checkpoint
+            checkpoint.usual_modes(tmp)
             shutil.rmtree(out, ignore_errors=True)
             os.replace(tmp, out)
         finally:
@@ -298,6 +300,22 @@ def check_adapters(path: str, name: str, flag: str, config_only: bool = False):
             if why:
                 sys.exit(f"{flag} {name}: a damaged checkpoint: {why}")
     check_path(base, f"{flag} {name}: its base", config_only)
+    if not config_only:
+        check_base(name, flag)
+
+
+def check_base(name: str, flag: str):
+    """Exit in one line where the base a LoRA checkpoint names is not the model its adapters were trained on (its
+    weights' SHA-256 against the checkpoint's lora.BASE_FILE): replaced in place, the adapters would be evaluated,
+    merged or trained further over another model. Checkpoints saved before 2026-11-28 record the name only."""
+    recorded = _json(os.path.join(os.path.expanduser(name), lora.BASE_FILE))
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("identity"), dict):
+        return
+    base = adapter_base(name)
+    weights = lambda i: i.get("sha256", i.get("name")) if isinstance(i, dict) else i  # noqa: E731 (not its path)
+    if weights(identity(base)) != weights(recorded["identity"]):
+        sys.exit(f"{flag} {name}: its base {base} is not the model its adapters were trained on (its weights' SHA-256 "
+                 f"differ from those in {lora.BASE_FILE}): put that base back, or train new adapters on this one")
 
 
 # The files that make a tokenizer, one set per kind (tokenizer_config.json alone only names the class).
@@ -454,7 +472,11 @@ def load_model(name: str, flag: str = "--model", world=None):
     tok = load_tokenizer(name, flag)  # the files checked first, a packaged alias converted (once)
     if adapter_base(name):  # a LoRA checkpoint: its base, with the adapters merged into an ordinary model
         model, _, _ = load_model(adapter_base(name), f"{flag} {name}: its base", world)
-        return lora.merged(model, os.path.expanduser(name)), tok, name
+        try:
+            return lora.merged(model, os.path.expanduser(name)), tok, name
+        except Exception as e:  # a truncated adapter file, a base of other shapes: peft's error is dozens of lines
+            sys.exit(f"{flag} {name}: its adapters could not be put on its base {adapter_base(name)} "
+                     f"({type(e).__name__}: {_first_line(e)[:200]})")
     path = packaged_directory(name, flag) if name in MODELS else os.path.expanduser(name)
     gguf = gguf_location(name, flag) if name not in MODELS else None
     try:
@@ -480,6 +502,46 @@ def base_name(name: str, model) -> str:
     """What a LoRA checkpoint records as its base: --model's name, or for the tiny world (whose name means the
     task's base) the directory it was loaded from."""
     return model.name_or_path if isinstance(MODELS.get(name), TinyWorld) else name
+
+
+WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")  # what identity() reads of a model's files
+
+
+def identity(name: str) -> dict:
+    """What identifies the weights `name` means, to be recorded beside results made with them and compared later: a
+    name of MODELS or of the hub as given (the tiny model is built from this project's code; a packaged alias is
+    pinned by its SHA-256); a local model directory, GGUF file or LoRA checkpoint by its full path and the SHA-256 of
+    every weights file (a LoRA checkpoint: its adapters' and its base's), so that weights replaced in place are
+    another model."""
+    path = os.path.expanduser(name)
+    if name in MODELS or is_hub_name(name) or not os.path.exists(path):
+        return {"name": name}
+    files = [path] if os.path.isfile(path) else sorted(
+        os.path.join(path, f) for f in os.listdir(path) if f.endswith(WEIGHT_FILES))
+    out = {"name": os.path.realpath(path), "sha256": {os.path.basename(f): _checksum(f) for f in files}}
+    if adapter_base(name):
+        out["base"] = identity(adapter_base(name))
+    return out
+
+
+def _checksum(file: str) -> str:
+    """The SHA-256 of a file, computed once per (path, size, modification time) in this process: a 6 GB model's
+    takes seconds, and a run asks again at each save."""
+    st = os.stat(file)
+    key = (os.path.realpath(file), st.st_size, st.st_mtime_ns)
+    if key not in _CHECKSUMS:
+        h = hashlib.sha256()
+        try:
+            with open(file, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+        except OSError as e:
+            sys.exit(f"{file}: cannot be read ({e.strerror or e})")
+        _CHECKSUMS[key] = h.hexdigest()
+    return _CHECKSUMS[key]
+
+
+_CHECKSUMS = {}
 
 
 def adapter_base(name: str):

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import secrets
+import tempfile
 
 INSTALL = "pip install -r requirements/track.txt"
 PROJECT = "critic-free-rl"
@@ -104,11 +105,30 @@ class Wandb(StepLogged):
         import wandb
         os.makedirs(os.path.join(run_dir, "wandb"), exist_ok=True)
         id_file = os.path.join(run_dir, "wandb", "run-id")  # --resume continues the run of this id
-        run_id = open(id_file).read().strip() if os.path.exists(id_file) else secrets.token_hex(4)
+        run_id = read_run_id(id_file)
         with open(id_file, "w") as f:
             f.write(run_id)
         run = wandb.init(project=PROJECT, name=name, id=run_id, resume="allow", dir=run_dir, config=config)
         self.send, self.Table, self.close = run.log, wandb.Table, run.finish
+
+
+def read_run_id(id_file: str) -> str:
+    """The wandb run id --resume continues, or a new one where there is none; an id file that is empty, damaged or
+    unreadable is said in one line, and a new wandb run holds the curves from here (wandb's own error would be a
+    traceback that ends the run)."""
+    if not os.path.exists(id_file):
+        return secrets.token_hex(4)
+    try:
+        with open(id_file, encoding="utf-8") as f:
+            run_id = f.read().strip()
+    except (OSError, ValueError) as e:
+        run_id, why = "", getattr(e, "strerror", None) or type(e).__name__
+    else:
+        why = "empty" if not run_id else "not a wandb run id"
+    if run_id and len(run_id) <= 64 and all(c.isalnum() or c in "-_" for c in run_id):
+        return run_id
+    print(f"--report-to wandb: {id_file}: {why}; this run's curves go on in a new wandb run")
+    return secrets.token_hex(4)
 
 
 class Trackio(StepLogged):
@@ -141,20 +161,53 @@ def problem(text: str):
     return None
 
 
+def folder_problem(text: str, run_dir: str):
+    """Why a tracker of --report-to TEXT could not write its folder under run_dir (a file there, a folder that takes
+    no file), or None: said in one line before the model loads."""
+    for name in names(text):
+        folder = os.path.join(run_dir, name)
+        if os.path.exists(folder) and not os.path.isdir(folder):
+            return f"--report-to {name}: {folder} is a file where the tracker keeps a folder; move it away"
+        if os.path.isdir(folder):
+            try:
+                with tempfile.TemporaryFile(dir=folder):
+                    pass
+            except OSError as e:
+                return f"--report-to {name}: {folder} cannot be written ({e.strerror or e})"
+    return None
+
+
 class Trackers:
-    """The trackers --report-to names, started once the run directory is the run's; each call goes to all."""
+    """The trackers --report-to names, started once the run directory is the run's; each call goes to all. A tracker
+    that fails (a full disk, a folder made read-only, the tracker's own error) never ends the run: one line says
+    which and that training goes on without it; metrics.jsonl keeps every record."""
 
     def __init__(self, text: str, run_dir: str, config: dict):
-        self.all = [TRACKERS[n](run_dir, os.path.basename(os.path.abspath(run_dir)), config) for n in names(text)]
+        self.all = []
+        for n in names(text):
+            self.guarded(n, lambda: self.all.append(TRACKERS[n](run_dir, os.path.basename(os.path.abspath(run_dir)),
+                                                                config)))
+
+    def guarded(self, name: str, call, tracker=None):
+        try:
+            call()
+        except SystemExit:  # a refusal of our own (trackio's store), made before the model loads
+            raise
+        except Exception as e:
+            if tracker in self.all:
+                self.all.remove(tracker)
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            print(f"--report-to {name}: failed ({type(e).__name__}: {first}); training goes on without it "
+                  f"(metrics.jsonl keeps every record)", flush=True)
 
     def log(self, record: dict):
-        for t in self.all:
-            t.log(record)
+        for t in list(self.all):
+            self.guarded(t.package, lambda: t.log(record), t)
 
     def table(self, step: int, columns: list, rows: list):
-        for t in self.all:
-            t.table(step, columns, rows)
+        for t in list(self.all):
+            self.guarded(t.package, lambda: t.table(step, columns, rows), t)
 
     def close(self):
-        for t in self.all:
-            t.close()
+        for t in list(self.all):
+            self.guarded(t.package, t.close, t)

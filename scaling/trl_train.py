@@ -34,7 +34,7 @@ from trl import GRPOConfig, ModelConfig, get_peft_config  # noqa: E402
 import data  # noqa: E402
 import evaluate  # noqa: E402
 from config import shared  # noqa: E402
-from infra import checkpoint, cpu, lora, models  # noqa: E402
+from infra import checkpoint, cli, cpu, lora, models  # noqa: E402
 from scaling import trl_grpo  # noqa: E402
 
 
@@ -74,7 +74,7 @@ def parse(argv=None):
     the base's presets (D1 epsilon_high, G5 loss_type) fill the GRPOConfig fields not given on the command line.
     LoRA's adapters go on every projection by default, as train.py's --lora-rank."""
     argv = sys.argv[1:] if argv is None else argv
-    p = HfArgumentParser((ScriptArguments, GRPOConfig, ModelConfig))
+    p = type("Parser", (cli.OneLine, HfArgumentParser), {})((ScriptArguments, GRPOConfig, ModelConfig))  # why: cli
     p.set_defaults(**DEFAULTS)
     check(p.parse_args(argv))
     try:
@@ -205,6 +205,7 @@ def main(argv=None):
     if main_process:
         after = held_out_accuracy(trainer.model, tokenizer, held_out, cfg, script)
         trainer.save_model(cfg.output_dir)
+        checkpoint.usual_modes(cfg.output_dir)  # safetensors writes 0600
         print(f"{cfg.max_steps} steps in {seconds:.0f} s ({seconds / cfg.max_steps:.2f} s a step)")
         print(f"greedy held-out accuracy: {before:.3f} -> {after:.3f}   ({len(held_out.eval_golds)} problems, "
               f"model in {cfg.output_dir})")

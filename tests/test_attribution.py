@@ -350,7 +350,7 @@ def test_responses_report_what_this_mode_did_on_the_tiny_world(base, tmp_path, c
              "--rules", "none,ktae,grail", "--out", str(out)]
     attribution.main(flags + ["--limit", "3"])
     first = capsys.readouterr().out
-    assert "3 given responses (0 done before), n = 8: at most about 1,920 new tokens a wrong response" in first
+    assert "3 given responses (0 done before), n = 8: at most about 6,528 new tokens a wrong response" in first
     assert "G = " not in first and "G rollouts" not in first
     attribution.main(flags)
     text = capsys.readouterr().out
@@ -422,9 +422,15 @@ def test_a_hand_edited_line_of_out_is_one_line_before_the_model_loads(tmp_path, 
                "steps": [{"tokens": [0, 6], "text": "1+1=3\n"}, {"tokens": [6, 10], "text": "3=3\n"}],
                "first_wrong_step": 0, "blame": {}, "scores": {}}
     lines = edit([rollout, problem])
-    (out / "rollouts.jsonl").write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
     monkeypatch.setattr(attribution, "World", lambda args: pytest.fail("the model was loaded"))
     path = given(tmp_path / "given.jsonl", [("1+1", "2", "1+1=3\n3=3\n")])
+    # OUT as this command made it (its settings recorded, infra/outfolder.py), then its lines edited by hand
+    from infra import outfolder
+    p = attribution.parser()
+    args = attribution.check(p, p.parse_args(["--model", "tiny", "--dataset", "tiny", "--responses", str(path)]))
+    args.max_new_tokens = 48  # main's default for the tiny task, set before check there
+    outfolder.claim(str(out), attribution.settings(args), False, False).close()
+    (out / "rollouts.jsonl").write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
     with pytest.raises(SystemExit, match=f"{out}/rollouts.jsonl{message}.*: mend or delete the line, or pass another "
                                          f"--out$"):
         attribution.main(["--model", "tiny", "--dataset", "tiny", "--responses", str(path), "--out", str(out)])
@@ -482,3 +488,60 @@ def test_the_memory_benchmark_prints_the_resident_set_after_each_call(base, caps
         out = capsys.readouterr().out
         assert "the memory plan's sampling phase at this shape" in out
         assert all(f"call   {k}:" in out and "resident" in out for k in (1, 2))
+
+def test_an_out_of_other_settings_is_refused_in_one_line_and_overwrite_starts_over(base, tmp_path):
+    # issue 63: a continuation into an OUT made with another seed (or n, or model) reported the old lines under the
+    # new command; now OUT records its settings and refuses another's, naming the setting and the way out
+    import pytest
+    from infra import outfolder
+    out = tmp_path / "att"
+    flags = ["--model", "tiny", "--dataset", "tiny", "--limit", "2", "--n", "2", "--threads", str(THREADS),
+             "--rules", "none", "--out", str(out)]
+    attribution.main(flags)
+    lines = (out / "rollouts.jsonl").read_text()
+    for other, said in ((["--seed", "1"], "--seed 0, not 1"), (["--n", "3"], "--n 2, not 3"),
+                        (["--temperature", "0.5"], "--temperature 1.0, not 0.5")):
+        with pytest.raises(SystemExit) as e:
+            attribution.main(flags + other)
+        assert said in str(e.value.code) and "--overwrite" in str(e.value.code) and "\n" not in str(e.value.code)
+        assert (out / "rollouts.jsonl").read_text() == lines
+    attribution.main(flags + ["--limit", "3"])  # a larger --limit continues: the lines of 0-1 kept
+    assert (out / "rollouts.jsonl").read_text().startswith(lines)
+    # another process writing there: refused while it holds the lock
+    held = outfolder.claim(str(out), json.loads((out / "settings.json").read_text()), False, True)
+    with pytest.raises(SystemExit) as e:
+        attribution.main(flags)
+    assert "another process is writing there now" in str(e.value.code)
+    held.close()
+    attribution.main(flags + ["--seed", "1", "--overwrite"])
+    assert json.loads((out / "settings.json").read_text())["--seed"] == 1
+
+
+def test_two_checkpoints_of_the_same_last_name_get_their_own_default_out(tmp_path):
+    # issue 63: the default OUT was named after the model path's last part, so every RUN/checkpoint shared one
+    for run in ("a", "b"):
+        (tmp_path / run / "checkpoint").mkdir(parents=True)
+    names = {attribution.short_name(str(tmp_path / run / "checkpoint")) for run in ("a", "b")}
+    assert len(names) == 2 and all(n.startswith("checkpoint-") for n in names)
+    assert attribution.short_name("tiny") == "tiny" and attribution.short_name("Qwen/Qwen2.5-0.5B") == \
+        "Qwen--Qwen2.5-0.5B"
+
+
+def test_a_model_whose_weights_changed_in_place_is_another_model(tmp_path):
+    from infra import models
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"one")
+    before = models.identity(str(tmp_path / "m"))
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"two")
+    assert models.identity(str(tmp_path / "m")) != before
+    assert models.identity("tiny") == {"name": "tiny"}
+
+
+def test_an_out_that_is_a_file_is_one_line(tmp_path):
+    # adversarial pass of issue 63: a file named as --out was "cannot write there (File exists)"
+    import pytest
+    from infra import outfolder
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(SystemExit) as e:
+        outfolder.claim(str(tmp_path / "f"), {}, False, False)
+    assert str(e.value.code) == f"--out {tmp_path / 'f'}: a file, not a folder; choose another --out"

@@ -188,7 +188,8 @@ def test_a_full_disk_at_a_metrics_line_is_one_line(base, tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as e:
         train.main(["--steps", "2", "--resume", "--run-dir", run_dir, *SMALL])
     assert str(e.value.code) == (f"{metrics}: cannot append the record of step 2 (No space left on device); "
-                                 f"--resume continues from the last checkpoint")
+                                 f"{os.path.join(run_dir, 'checkpoint')} (step 1) is intact: --resume continues "
+                                 f"from it")
     assert open(metrics).read() == before
 
 
@@ -656,13 +657,59 @@ def test_a_save_never_deletes_what_it_did_not_write(base, tmp_path):
     train.main(["--steps", "2", "--save-every", "1", "--run-dir", str(run_dir), *SMALL])
     (run_dir / "checkpoint.prev" / "notes.txt").write_text("mine")
     message = refused(["--steps", "3", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
-    assert message.startswith(f"{run_dir / 'checkpoint.prev'}: holds what this run did not write "
-                              f"({run_dir / 'checkpoint.prev' / 'notes.txt'}), which it leaves in place")
+    assert message.startswith(f"--resume: {run_dir / 'checkpoint.prev' / 'notes.txt'} is not of this run")
     assert (run_dir / "checkpoint.prev" / "notes.txt").read_text() == "mine"
     assert checkpoint.problem(str(run_dir / "checkpoint")) is None  # the last checkpoint is whole
     os.rename(run_dir / "checkpoint.prev" / "notes.txt", tmp_path / "notes.txt")
     train.main(["--steps", "3", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
     assert json.load(open(run_dir / "checkpoint" / "manifest.json"))["step"] == 3
+
+
+def test_the_disk_check_counts_the_logs_gives_true_advice_and_lets_a_resume_reuse_its_room(base, tmp_path,
+                                                                                          monkeypatch):
+    # issue 63: the check counted checkpoints only (a run saving none needed 0 bytes), advised "--resume continues
+    # from the last checkpoint" where none was saved, and refused a --resume that needed less than was free (its own
+    # checkpoints, replaced as it saves, counted as new)
+    from infra import memory
+    args = training.parse_args(["--save-every", "0", "--no-final-save", "--report-to", "none"])
+    assert memory.disk_plan(base[0].config, args)["run"] > 0
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").mkdir()  # an append that fails
+    with pytest.raises(SystemExit) as e:
+        checkpoint.append_metrics(str(run_dir / "metrics.jsonl"), {"step": 1})
+    assert "no earlier checkpoint was saved" in str(e.value.code) and "--resume continues" not in str(e.value.code)
+    shutil.rmtree(run_dir)
+    train.main(["--steps", "2", "--save-every", "1", "--run-dir", str(run_dir), *SMALL])
+    plan = memory.disk_plan(base[0].config,
+                            training.parse_args(["--steps", "3", "--save-every", "1", *SMALL]))["run"]
+    held = checkpoint.held_bytes(str(run_dir))
+    assert held > 0
+    real = shutil.disk_usage
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: real(p)._replace(free=plan - held // 2))
+    train.main(["--steps", "3", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
+    assert json.load(open(run_dir / "checkpoint" / "manifest.json"))["step"] == 3
+
+
+def test_a_save_deletes_only_what_the_manifest_says_it_wrote(base, tmp_path):
+    # issue 63: a resumed run's rotation deleted files in checkpoint/ named like the ones it writes (a model card
+    # README.md a user added, notes named tokenizer_*); tools.merge wrote into a run's checkpoint, which the next
+    # save deleted
+    from tools import merge
+    run_dir = tmp_path / "run"
+    train.main(["--steps", "2", "--save-every", "1", "--run-dir", str(run_dir), *SMALL])
+    mine = {run_dir / "checkpoint" / "README.md": "my model card", run_dir / "checkpoint" / "tokenizer_notes.txt": "x"}
+    for path, text in mine.items():
+        path.write_text(text)
+    message = refused(["--steps", "4", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
+    assert message.startswith("--resume: ") and "is not of this run" in message
+    checkpoint.discard(str(run_dir / "checkpoint"), strict=False)  # a rotation by hand: the run's files only
+    assert {p: p.read_text() for p in mine} == mine and sorted(os.listdir(run_dir / "checkpoint")) == \
+        ["README.md", "tokenizer_notes.txt"]
+    for out in (run_dir / "checkpoint" / "merged", run_dir / "checkpoint.prev" / "m" / "n"):
+        with pytest.raises(SystemExit) as e:
+            merge.main([str(run_dir / "checkpoint.prev"), str(out)])
+        assert "inside the run's checkpoint folder" in str(e.value.code)
 
 
 @pytest.mark.parametrize("part, kind", [("checkpoint", "file"), ("heatmaps", "file"), ("metrics.jsonl", "folder")])
@@ -695,7 +742,7 @@ def test_a_full_disk_is_said_before_the_model_loads_and_before_a_save(base, tmp_
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: real(p)._replace(free=free["bytes"]))
     monkeypatch.setattr(train.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     message = refused(["--steps", "2", "--run-dir", str(run_dir), *SMALL])
-    assert message.startswith("this run's checkpoints take about 0.0") and "GiB are free there" in message
+    assert message.startswith("this run's checkpoints and logs take about 0.0") and "GiB are free there" in message
     assert not run_dir.exists()
     monkeypatch.undo()
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: real(p)._replace(free=free["bytes"]))
@@ -746,3 +793,38 @@ def test_a_checkpoint_of_an_unfused_adamw_resumes_fused_with_the_same_updates():
     new.step()
     assert_close(w2.detach(), w.detach(), rel=1e-6, what="the update after resuming")
     assert new.state[w2]["step"].item() == 3
+
+
+def test_permissions_every_weights_file_alike_unreadable_said_so_a_read_only_folder_one_line(base, tmp_path,
+                                                                                           monkeypatch):
+    # issue 63: the tiny base in .cache/ kept safetensors' 0600; a file there but unreadable was reported as
+    # missing or damaged (or a traceback); a read-only checkpoint folder gave a PermissionError traceback
+    from toyworld import tiny
+    monkeypatch.setattr(tiny, "warm_start", lambda *a, **k: None)  # the file's mode only: no training
+    _, _, path = tiny.load_or_build(cache_dir=str(tmp_path / "cache"))
+    usual = 0o666 & ~checkpoint._umask()
+    assert {f: os.stat(os.path.join(path, f)).st_mode & 0o777 for f in os.listdir(path)} == \
+        {f: usual for f in os.listdir(path)}
+    run_dir = tmp_path / "run"
+    train.main(["--steps", "2", "--save-every", "1", "--run-dir", str(run_dir), *SMALL])
+    weights = str(run_dir / "checkpoint" / "model.safetensors")
+    real_sha, real_remove = checkpoint._sha256, os.remove
+
+    def unreadable(path):
+        if path == weights:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return real_sha(path)
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, "_sha256", unreadable)
+        assert checkpoint.problem(str(run_dir / "checkpoint")) == f"{weights}: cannot be read (Permission denied)"
+
+    def read_only(path, *a, **k):
+        if f"{os.sep}checkpoint.prev{os.sep}" in str(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), path)
+        return real_remove(path, *a, **k)
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint.os, "remove", read_only)
+        message = refused(["--steps", "3", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
+    assert "\n" not in message and message.startswith(f"{run_dir / 'checkpoint.prev'}: cannot be removed "
+                                                      f"(Permission denied")
+    assert message.endswith("(step 2) is intact: --resume continues from it)")

@@ -129,12 +129,42 @@ def test_an_unreadable_done_json_reruns_its_run(tmp_path, monkeypatch, capsys):
 
 
 def test_a_partial_last_metrics_line_of_a_reused_run_is_dropped(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a finished run was run again"))
+    fake_train(tmp_path, monkeypatch)
     out = tmp_path / "cmp"
     finished_run(out / "grpo-seed0")
-    (out / "grpo-seed0" / "done.json").write_text(json.dumps({"method": "grpo", "seed": 0, "steps": 2}))
+    compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(out), "--threads", "1"])
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a finished run was run again"))
     with open(out / "grpo-seed0" / "metrics.jsonl", "a") as f:
         f.write('{"step": 3, "rew')  # a kill while train.py appended
     compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(out), "--threads", "1"])
     assert f"{out / 'grpo-seed0' / 'metrics.jsonl'}:5: not a complete JSON line" in capsys.readouterr().out
     assert "| grpo | 1 | 0.250 | 0.500 +- 0.000 |" in (out / "results.md").read_text()
+
+
+def test_a_finished_comparison_is_not_reused_under_other_train_flags(tmp_path, monkeypatch, capsys):
+    # issue 63: a finished run was reused whatever the train.py flags after -- said, under the new command's header
+    fake_train(tmp_path, monkeypatch)
+    out = tmp_path / "cmp"
+    finished_run(out / "grpo-seed0")
+    flags = ["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(out), "--threads", "1"]
+    compare.main(flags + ["--", "--lr", "1e-4"])
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a run was started"))
+    table = (out / "results.md").read_text()
+    for other, said in ((["--", "--lr", "3e-4"], "['--lr', '1e-4'], not ['--lr', '3e-4']"),
+                        (["--dataset", "chain"], "--dataset tiny, not chain")):
+        with pytest.raises(SystemExit) as e:
+            compare.main(flags + other)
+        assert said in str(e.value.code) and "--overwrite" in str(e.value.code)
+        assert (out / "results.md").read_text() == table
+    compare.main(flags + ["--", "--lr", "1e-4"])  # the same flags: reused
+    compare.main(flags + ["--", "--lr=1e-4"])  # spelled otherwise: the same setting
+    with pytest.raises(SystemExit) as e:  # a comparison under way in another process
+        held = __import__("infra.outfolder").outfolder.claim(str(out), {}, True, False)
+        compare.main(flags + ["--", "--lr", "1e-4"])
+    held.close()
+    assert "another process is writing there now" in str(e.value.code)
+    monkeypatch.undo()
+    fake_train(tmp_path, monkeypatch)
+    compare.main(flags + ["--overwrite", "--", "--lr", "3e-4"])  # started over: train.py --overwrite
+    assert "--overwrite" in (tmp_path / "argv").read_text() and "3e-4" in (tmp_path / "argv").read_text()
+    assert json.loads((out / "grpo-seed0" / "done.json").read_text())["flags"][-2:] == ["--lr", "3e-4"]

@@ -212,3 +212,78 @@ def test_float32_products_from_a_bf16_base(base):
     # margin: 0, bit for bit on this project's CPU (2026-11-25); the tolerance is for other CPUs' kernels
     assert_close(results[0][0], results[1][0], rel=1e-5, what="logits")
     assert_close(results[0][1], results[1][1], rel=1e-5, what="gradient to the embeddings")
+
+
+def test_adapters_refuse_a_base_replaced_in_place(base, tmp_path):
+    # issue 63: the adapters recorded the base's path only: weights replaced there were evaluated, merged and
+    # resumed as if they were the base the adapters were trained on. Now its weights' SHA-256 are recorded and held
+    import shutil
+    import evaluate
+    from infra import models
+    from tools import merge
+    shutil.copytree(base[0].name_or_path, tmp_path / "base")
+    run_dir = tmp_path / "run"
+    flags = ["--model", str(tmp_path / "base"), "--method", "grpo", "--run-dir", str(run_dir), *SMALL]
+    train.main(flags + ["--steps", "1", "--no-final-eval"])
+    ckpt = str(run_dir / "checkpoint")
+    models.check_path(ckpt)  # the same base: accepted
+    other = type(base[0])(base[0].config)  # the same shapes, other weights
+    other.save_pretrained(tmp_path / "base")
+    for act in (lambda: models.check_path(ckpt), lambda: merge.main([ckpt, str(tmp_path / "merged")]),
+                lambda: evaluate.main(["--model", ckpt, "--benchmarks", "tiny", "--threads", "1"]),
+                lambda: train.main(flags + ["--steps", "2", "--resume"])):
+        with pytest.raises(SystemExit) as e:
+            act()
+        said = str(e.value.code)
+        assert f"its base {tmp_path / 'base'} is not the model its adapters were trained on" in said, said
+    assert not (tmp_path / "merged").exists()
+
+
+def test_merge_and_evaluate_on_a_full_disk_or_a_damaged_adapter_are_one_line_and_leave_nothing_cut(base, tmp_path,
+                                                                                                 monkeypatch):
+    # issue 63: evaluate ran the whole benchmark, then failed to write and left a cut JSON that blocked the rerun;
+    # merge gave peft's traceback on a truncated adapter, and on a full disk left a folder without weights
+    import errno
+    import shutil
+    import evaluate
+    from tools import merge
+    run_dir = tmp_path / "run"
+    train.main(["--method", "grpo", "--steps", "1", "--no-final-eval", "--run-dir", str(run_dir), *SMALL])
+    ckpt = run_dir / "checkpoint"
+    real_save = type(base[0]).save_pretrained
+
+    def full(self, path, *a, **k):
+        real_save(self, path, *a, **k)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(type(base[0]), "save_pretrained", full)
+        with pytest.raises(SystemExit) as e:
+            merge.main([str(ckpt), str(tmp_path / "merged")])
+    assert "the merged model could not be written" in str(e.value.code) and "\n" not in str(e.value.code)
+    assert not (tmp_path / "merged").exists() and [p for p in os.listdir(tmp_path) if "merged" in p] == []
+    merge.main([str(ckpt), str(tmp_path / "merged")])  # nothing blocks the rerun
+    assert (tmp_path / "merged" / "model.safetensors").exists()
+    out = tmp_path / "eval.json"
+    flags = ["--model", str(ckpt), "--benchmarks", "tiny", "--limit", "4", "--threads", "1", "--out", str(out)]
+    real_dump = json.dump
+
+    def cut(obj, f, **k):
+        f.write(json.dumps(obj)[:20])
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(evaluate.json, "dump", cut)
+        with pytest.raises(SystemExit) as e:
+            evaluate.main(flags)
+    assert str(e.value.code).startswith(f"--out {out}: cannot be written (No space left on device)")
+    assert not out.exists() and [p for p in os.listdir(tmp_path) if p.startswith("eval.json")] == []
+    evaluate.main(flags)
+    assert "results" in json.loads(out.read_text())
+    monkeypatch.setattr(json, "dump", real_dump)
+    broken = tmp_path / "broken"
+    shutil.copytree(ckpt, broken)
+    os.remove(broken / "manifest.json")  # a peft folder of its own: nothing lists its files' sizes
+    data = (broken / lora.ADAPTER_FILE).read_bytes()
+    (broken / lora.ADAPTER_FILE).write_bytes(data[:len(data) // 2])
+    with pytest.raises(SystemExit) as e:
+        merge.main([str(broken), str(tmp_path / "merged2")])
+    assert "\n" not in str(e.value.code) and str(broken) in str(e.value.code), e.value.code

@@ -14,7 +14,7 @@ import pytest
 
 import train
 from config import recipe, training
-from infra import track
+from infra import checkpoint, track
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--method", "ktae", "--steps", "2", "--eval-every", "1", "--eval-limit", "16", "--prompts-per-step", "4",
@@ -216,3 +216,62 @@ def test_trl_refuses_a_tracker_it_cannot_keep_offline(tmp_path):
                            str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True)
     assert said.returncode != 0 and said.stderr.strip().splitlines()[-1] == \
         "--report_to mlflow: 'mlflow' is not one of none, tensorboard, wandb, trackio"
+
+
+def test_a_recipe_is_applied_whole_or_refused(tmp_path, capsys):
+    # issue 63: --conf (an abbreviation argparse took) recorded a recipe and applied none of it; two --config applied
+    # the first and recorded the second; a dapo run.json under --method grpo kept dapo's presets without a word
+    one, two = tmp_path / "one.yaml", tmp_path / "two.yaml"
+    one.write_text("lr: 1e-5\n")
+    two.write_text("lr: 2e-5\n")
+    for argv, said in ((["--conf", str(one)], "unrecognized arguments: --conf"),
+                       (["--config", str(one), "--config", str(two)], "--config given 2 times")):
+        with pytest.raises(SystemExit):
+            training.parse_args(argv)
+        assert said in capsys.readouterr().err
+    first = training.parse_args(["--method", "dapo", "--run-dir", str(tmp_path / "a")])
+    os.makedirs(first.run_dir)
+    checkpoint.write_info(first.run_dir, first, finished=True)
+    run_json = os.path.join(first.run_dir, "run.json")
+    with pytest.raises(SystemExit):
+        training.parse_args(["--config", run_json, "--method", "grpo"])
+    assert "a run of --method dapo" in capsys.readouterr().err
+    again = training.parse_args(["--config", run_json, "--method", "dapo", "--run-dir", str(tmp_path / "b")])
+    assert again.eps_high == 0.28 and again.config == run_json
+
+
+def test_a_tracker_never_ends_a_run_with_a_traceback(base, tmp_path, monkeypatch, capsys):
+    # issue 63: an unwritable tracker folder, a disk that fills during a tracker's write, an empty wandb run id on
+    # --resume each ended the run with a traceback
+    from infra import models
+    run_dir = tmp_path / "run"
+    small = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--eval-limit", "8", "--eval-every", "1",
+             "--threads", "1", "--run-dir", str(run_dir), "--report-to", "tensorboard"]
+    run_dir.mkdir()
+    (run_dir / "tensorboard").write_text("not a folder")
+    with monkeypatch.context() as m:
+        m.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+        with pytest.raises(SystemExit):
+            train.main(small)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tensorboard is a file where the tracker keeps a folder" in err[0], err
+    os.remove(run_dir / "tensorboard")
+    calls = {"n": 0}
+
+    def full(self, record):
+        calls["n"] += 1
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(track.TensorBoard, "log", full)
+    train.main(small)
+    out = capsys.readouterr().out
+    assert calls["n"] == 1 and out.count("--report-to tensorboard: failed (OSError") == 1
+    assert "training goes on without it" in out
+    assert [r["step"] for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "reward_mean" in r] == [1, 2]
+    id_file = tmp_path / "run-id"
+    for text in ("", "\x00\x01 not an id\n"):
+        id_file.write_text(text)
+        run_id = track.read_run_id(str(id_file))
+        assert run_id and run_id.isalnum()
+        assert "this run's curves go on in a new wandb run" in capsys.readouterr().out
+    id_file.write_text("ab12cd34\n")
+    assert track.read_run_id(str(id_file)) == "ab12cd34"

@@ -143,6 +143,14 @@ def test_every_zero_means_never_and_the_end_stays_unless_asked(base, tmp_path, c
     assert said.startswith("greedy held-out accuracy: " + ("not evaluated" if not evals else ""))
 
 
+def test_without_a_final_evaluation_the_last_line_says_which_step_its_accuracy_is_of(base, tmp_path, capsys):
+    # issue 63: with --no-final-eval the last line presented the evaluation of step 2 as the result of a 3-step run
+    train.main(["--steps", "3", "--prompts-per-step", "2", "--group-size", "4", "--eval-limit", "8",
+                "--eval-every", "2", "--no-final-eval", "--no-final-save", "--run-dir", str(tmp_path / "run")])
+    said = capsys.readouterr().out.splitlines()[-1]
+    assert "the evaluation of step 2; none after the last step, 3: --no-final-eval" in said, said
+
+
 def same_style(got: str, expected: str) -> bool:
     """The same colours, the opacities equal to the title's 3 decimals (the title rounds the value)."""
     split = lambda s: (re.sub(r"\d\.\d+\)", ")", s), [float(a) for a in re.findall(r"(\d\.\d+)\)", s)])  # noqa: E731

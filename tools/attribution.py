@@ -24,6 +24,7 @@ rollouts.html (the first wrong step marked, each rule's step blame coloured).
 have no group, so only the rules that need none (methods.Rule.needs_group) score them.
 """
 import argparse
+import hashlib
 import html
 import json
 import os
@@ -41,22 +42,26 @@ import methods
 import reward
 import sample
 from config import shared, training
-from infra import cpu, memory, models, plots
+from infra import cli, cpu, memory, models, outfolder, plots
 from toyworld import credit
 
 HOWS = ("max", "mean")  # F4's aggregations
 BASELINES = ("position", "surprisal")  # beside the rules; uniform blame is the rule "none"
 METRICS = ("hit1", "hit3", "auc", "rank")  # toyworld/credit.attribution's, at the level of steps
+WRITTEN = ("rollouts.jsonl", "table.md", "auc.png", "rollouts.html")  # what --overwrite deletes of OUT
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="every token rule's blame against the first wrong step (tools.attribution)")
+    p = cli.Parser(description="every token rule's blame against the first wrong step (tools.attribution)")
     shared.add_shared_flags(p)
     p.add_argument("--dataset", default=data.DEFAULT, help="the problems: tiny, chain, gsm8k, math500, a .jsonl file")
     p.add_argument("--responses", default=None,
                    help="JSON lines of question, answer and response: locate these answers' first wrong step instead "
                         "of sampling (the rules that need a group are not scored)")
-    p.add_argument("--out", default=None, help="default: runs/attribution-MODEL-DATASET")
+    p.add_argument("--out", default=None, help="default: runs/attribution-MODEL-DATASET (a local model or file also by "
+                                               "a hash of its full path: two models never share one)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in an OUT that holds lines made with other settings, deleting this tool's files")
     p.add_argument("--limit", type=int, default=32, help="problems (or responses) to take, from the first")
     p.add_argument("--seed", type=int, default=0, help="the sampling of each problem's group and probes")
     p.add_argument("--group-size", type=int, default=8, help="G, rollouts per problem")
@@ -577,6 +582,13 @@ def report(out: str, lines: list, world_task: bool, seconds: float = None, locat
     if seconds and located_now:
         head += f"; {seconds / located_now:.1f} s a located {'response' if given else 'rollout'} in this run " \
                 f"({located_now} located)"
+    exact = [r for r in rows if r.get("exact_step") is not None]
+    every = [r for r in located if r.get("exact_step") is not None]
+    if world_task and located and not every:  # a response whose every prefix a right solution can still follow
+        head += "\nno located rollout has an exact first error: no comparison with it"
+    if every:
+        head += (f"\nMonte Carlo against the exact first error, the confident {agreement(exact)}; every located "
+                 f"{agreement(every)}")
     if not rows:
         if located:
             page(located, os.path.join(out, "rollouts.html"), "first wrong step and each rule's blame")
@@ -588,13 +600,6 @@ def report(out: str, lines: list, world_task: bool, seconds: float = None, locat
     if len(common) < len(rows):  # a rule scored on a subset (--oar-p-limit): every rule on those rollouts too
         text += ["", table(summarise(common), f"the same, on the {len(common)} rollouts every rule scored")
                  if common else "(no rollout was scored by every rule: no table of them all on the same rollouts)"]
-    exact = [r for r in rows if r.get("exact_step") is not None]
-    every = [r for r in located if r.get("exact_step") is not None]
-    if world_task and not every:  # a response whose every prefix a right solution can still follow (truncated)
-        text[0] += "\nno located rollout has an exact first error: no comparison with it"
-    if every:
-        text[0] += (f"\nMonte Carlo against the exact first error, the confident {agreement(exact)}; every located "
-                    f"{agreement(every)}")
     if exact:
         text += ["", table(summarise(exact, "scores_exact"), "against the exact first error (toyworld/credit.py)")]
     plot(summary, os.path.join(out, "auc.png"), f"first-wrong-step AUC, {len(rows)} rollouts (95 % CI)")
@@ -638,11 +643,13 @@ def main(argv=None):
         args.max_new_tokens = ds.max_new_tokens if ds.world else 512
     args = check(p, args)
     cpu.setup(args.threads)
-    out = args.out or os.path.join("runs", f"attribution-{os.path.basename(args.model.rstrip('/'))}-"
-                                           f"{os.path.splitext(os.path.basename(args.responses or args.dataset))[0]}")
-    problems = load(args, ds)  # before OUT is made: a file with no usable line makes nothing
-    os.makedirs(out, exist_ok=True)
+    out = args.out or os.path.join("runs", f"attribution-{short_name(args.model)}-"
+                                           f"{short_name(args.responses or args.dataset)}")
     path = os.path.join(out, "rollouts.jsonl")
+    problems = load(args, ds)  # before OUT is made: a file with no usable line makes nothing
+    # OUT's lines all made with these settings, by one process at a time (infra/outfolder.py): held to the end
+    lock = outfolder.claim(out, settings(args), args.overwrite,
+                           os.path.isfile(path) and os.path.getsize(path) > 0, clear=WRITTEN)
     check_lines(path)
     world = World(args)
     for q in problems:
@@ -663,14 +670,14 @@ def main(argv=None):
     G, n, L = args.group_size, args.n, args.max_new_tokens
     if todo and args.responses:  # nothing sampled but the continuations of F2
         print(f"{len(problems)} given responses ({len(done)} done before), n = {n}: at most about "
-              f"{(n + 4 * n) * L:,} new tokens a wrong response (n continuations of the question, about 4 probes of "
-              f"n, as if all ran to {L} tokens: a probe has {L} less its prefix, and most stop earlier); none for a "
-              f"right one")
+              f"{(n + 4 * args.n_max) * L:,} new tokens a wrong response (n continuations of the question, about 4 "
+              f"probes of n to --n-max {args.n_max} (F3b), as if all ran to {L} tokens: a probe has {L} less its "
+              f"prefix, and most stop earlier and decide on n); none for a right one")
     elif todo:
         print(f"{len(problems)} problems ({len(done)} done before), G = {G}, n = {n}: at most about "
-              f"{(G + n + G * 4 * n) * L:,} new tokens a problem (G rollouts, n for the question, about 4 probes of "
-              f"n for each wrong one, as if all ran to {L} tokens: a probe has {L} less its prefix, and most stop "
-              f"earlier)")
+              f"{(G + n + G * 4 * args.n_max) * L:,} new tokens a problem (G rollouts, n for the question, about 4 "
+              f"probes of n to --n-max {args.n_max} (F3b) for each wrong one, as if all ran to {L} tokens: a probe "
+              f"has {L} less its prefix, and most stop earlier and decide on n)")
     scored, t0 = {"forward": sum(1 for x in done_lines if "rollout" in x and x["problem"] in done)}, time.time()
     with open(path, "a") as f:
         def write(line):
@@ -697,6 +704,30 @@ def main(argv=None):
     located = [x for x in lines if "rollout" in x]  # report's figures: the page of every located, the AUCs of the sure
     figures = (", auc.png" if any(confident(x) for x in located) else "") + (", rollouts.html" if located else "")
     print(f"wrote {out}/rollouts.jsonl, table.md{figures}")
+    lock.close()
+
+
+def short_name(name: str) -> str:
+    """A model's or data's part of the default OUT: an alias or a dataset's name as it is, a hub name with its
+    organisation, a local path's last part with a hash of its full path (every RUN/checkpoint ends alike)."""
+    path = os.path.expanduser(name)
+    if name in models.MODELS or not os.path.exists(path):
+        return name.strip("/").replace("/", "--")
+    digest = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:8]
+    return f"{os.path.splitext(os.path.basename(name.rstrip('/')))[0]}-{digest}"
+
+
+def settings(args) -> dict:
+    """What defines OUT's lines, recorded beside them: a continuation with any other value is refused (--limit,
+    --rules and --oar-p-limit may change: lines are kept per problem, and a line holds the rules it was scored by).
+    The model, the data and the given responses by what is in their files (models.identity)."""
+    return {"--model": models.identity(args.model), "--dataset": models.identity(args.dataset),
+            "--responses": args.responses and models.identity(args.responses), "--seed": args.seed,
+            "--group-size": args.group_size, "--temperature": args.temperature,
+            "--max-new-tokens": args.max_new_tokens, "--n": args.n, "--n-max": args.n_max, "--alpha": args.alpha,
+            "--refine": args.refine, "--batch": args.batch,
+            "--group-batch": args.group_batch, "--per-problem": args.per_problem, "--bf16": args.bf16,
+            "--device": args.device}
 
 
 def load(args, ds) -> list:

@@ -42,7 +42,7 @@ import sys
 import time
 
 import methods  # (torch and the heavier modules are imported where they are used: --help answers at once)
-from infra import cpu, models
+from infra import cli, cpu, models
 from tools.benchparts.gpu import GPU_METHODS, GPU_PARTS, run_gpu
 from tools.benchparts.llamacpp import llama_rows
 from tools.benchparts.machine import machine_rows
@@ -95,7 +95,7 @@ def run_cpu(args, chosen: list, parts: list, table_out=None) -> Table:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    p = cli.Parser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=models.DEFAULT, help="any train.py --model; benchparts/workload.py's SETTINGS "
                                                            "says what each alias is benchmarked on (default: "

@@ -14,7 +14,6 @@ It prints, per benchmark, how many verdicts agree and how many responses are the
 where the verdicts differ, with both answers' endings; and writes that comparison beside the input
 (FILE.check.json).
 """
-import argparse
 import json
 import os
 import time
@@ -23,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 import data
-from infra import cpu, models
+from infra import cli, cpu, models
 
 
 def generate(model, tokenizer, prompts: list, max_new_tokens: int, batch_size: int) -> list:
@@ -60,7 +59,7 @@ def tail(text: str, n: int = 160) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = cli.Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("result", help="the JSON file evaluate.py wrote (its settings are reused)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     p.add_argument("--limit", type=int, default=None,

@@ -21,7 +21,6 @@ checkpoint starts over (train.py --overwrite), so a stopped comparison picks up 
                                                              attribution metrics (mean over steps, +- std over seeds)
     heatmaps/METHOD.html                                     the last evaluation's heat map (seed 0)
 """
-import argparse
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ import sys
 import data
 import methods
 from config import shared, training
-from infra import checkpoint, plots
+from infra import checkpoint, cli, models, outfolder, plots
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's root, one folder up
 
@@ -92,30 +91,53 @@ def parse_seeds(p, text: str) -> list:
     return seeds
 
 
+def settings(args) -> dict:
+    """What defines every run of OUT besides its method and seed, recorded in OUT (infra/outfolder.py): a later
+    command with other values would reuse or resume runs made with these, and head their table with its own flags."""
+    return {"--dataset": models.identity(args.dataset), "--steps": args.steps, "--eval-every": args.eval_every,
+            "the train.py flags after --": spelled_out(args.train_args)}
+
+
+def spelled_out(flags: list) -> list:
+    """Flags with every --flag=value as --flag value: two spellings of one setting are one setting."""
+    return [w for f in flags for w in (f.split("=", 1) if f.startswith("--") and "=" in f else [f])]
+
+
+def defining_flags(method, seed, args) -> list:
+    """train_flags less --threads (which changes the speed, not the run): what done.json records of a run."""
+    flags = spelled_out(train_flags(method, seed, args))
+    if args.threads:
+        at = flags.index("--threads")
+        del flags[at:at + 2]
+    return flags
+
+
 def read_done(done_path: str):
-    """done.json's --steps, or None where it is missing or unreadable (cut short by a kill while an older
+    """done.json's contents, or None where it is missing or unreadable (cut short by a kill while an older
     compare.py wrote it in place): that run is then resumed from its checkpoint, which redoes no finished step."""
     if not os.path.exists(done_path):
         return None
     done = checkpoint.read_json(done_path)
-    steps = done.get("steps") if isinstance(done, dict) else None
-    if not isinstance(steps, int):
+    if not isinstance(done, dict) or not isinstance(done.get("steps"), int):
         print(f"{done_path}: unreadable; its run is checked again", flush=True)
         return None
-    return steps
+    return done
 
 
 def run_one(method, seed, args):
     """Run (or resume, or reuse) one method and seed; return its metrics records."""
     run_dir = os.path.join(args.out, f"{method}-seed{seed}")
     done_path = os.path.join(run_dir, "done.json")
-    steps = read_done(done_path)
-    if steps is not None:
-        if steps != args.steps:
-            sys.exit(f"{run_dir} finished with --steps {steps}, not {args.steps}: use another --out")
+    done = read_done(done_path)
+    flags = defining_flags(method, seed, args)
+    if done is not None and (done.get("flags") == flags or not args.overwrite):  # reused: made with these flags
+        if done.get("flags") != flags:
+            sys.exit(f"{run_dir}: finished with the train.py flags {' '.join(done.get('flags') or ['(not recorded)'])}"
+                     f", not {' '.join(flags)}: start it over with --overwrite, or choose another --out")
         return checkpoint.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     cmd = [sys.executable, TRAIN, *train_flags(method, seed, args)]
-    resuming = any(os.path.isdir(os.path.join(run_dir, d)) for d in ("checkpoint", "checkpoint.prev"))
+    resuming = not args.overwrite and any(os.path.isdir(os.path.join(run_dir, d))
+                                          for d in ("checkpoint", "checkpoint.prev"))
     # a run stopped before its first checkpoint left a metrics file that train.py would refuse to start over on
     leftover = not resuming and os.path.isdir(run_dir) and bool(os.listdir(run_dir))
     extra = ["--resume"] if resuming else ["--overwrite"] if leftover else []
@@ -127,7 +149,7 @@ def run_one(method, seed, args):
                  f"kept, and the same command picks up from it")
     tmp = done_path + ".tmp"  # a kill while writing must not leave a done.json that is not JSON
     with open(tmp, "w") as f:
-        json.dump({"method": method, "seed": seed, "steps": args.steps}, f)
+        json.dump({"method": method, "seed": seed, "steps": args.steps, "flags": flags}, f)
     os.replace(tmp, done_path)
     return checkpoint.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
 
@@ -173,7 +195,7 @@ def table(results: dict) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.Parser(description=__doc__.split("\n")[0])
     p.add_argument("--methods", default=",".join(methods.short_names()), help="comma-separated --method names "
                                                                               "(default: %(default)s)")
     p.add_argument("--seeds", default="0,1,2")
@@ -186,6 +208,8 @@ def main(argv=None):
                                                              "torch's choice; on a shared machine pass what is yours)")
     p.add_argument("--dataset", default=data.DEFAULT, help="the training problems of every run (train.py --dataset: "
                                                            "tiny, chain, ...)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start every run over (train.py --overwrite) in an OUT made with other settings")
     p.add_argument("train_args", nargs="*", help="more train.py flags, after --, e.g. -- --lr 1e-4")
     args = p.parse_args(argv)
     chosen, seeds = args.methods.split(","), parse_seeds(p, args.seeds)
@@ -205,7 +229,11 @@ def main(argv=None):
             p.error(f"{flag.split('=')[0]} after --: compare.py sets it for every run (use compare.py's own flag)")
     args.out = os.path.abspath(args.out)  # the user's cwd, not train.py's
     check_train_flags(p, chosen, seeds, args)
-    os.makedirs(args.out, exist_ok=True)
+    # OUT's runs all made with these settings, by one comparison at a time: the lock is held to the end
+    finished = os.path.isfile(os.path.join(args.out, "results.md")) or any(
+        isinstance(checkpoint.read_json(os.path.join(args.out, f"{m}-seed{s}", "done.json")), dict)
+        for m in chosen for s in seeds)
+    lock = outfolder.claim(args.out, settings(args), args.overwrite, finished)
     results = {m: [run_one(m, s, args) for s in seeds] for m in chosen}
     for name, (key, label) in PLOTS.items():
         plots.curves(os.path.join(args.out, name), key, results, label,
@@ -223,6 +251,7 @@ def main(argv=None):
                 f"{args.steps} --eval-every {args.eval_every}{' -- ' * bool(args.train_args)}"
                 f"{' '.join(args.train_args)}`\n\n" + md)
     print(md)
+    lock.close()
     return results
 
 

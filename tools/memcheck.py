@@ -10,13 +10,12 @@ optimizer step), against the measured peak, and the difference. A phase the run 
 memory) shows the plan alone. Measured on the CPU, a peak is the resident set above what the process held before
 the model loaded (allocator slack included); on a GPU, torch's allocated peak.
 """
-import argparse
 import json
 import os
 from types import SimpleNamespace
 
 import methods
-from infra import memory, models
+from infra import cli, memory, models
 
 PHASES = {plan: short for short, plan in memory.Peaks.PHASES.items()}  # the plan's phase -> peak_SHORT_gib
 STAGES = {"sampling": "time_sample", "advantage": "time_advantage", "training forward and backward": "time_train"}
@@ -58,7 +57,7 @@ def table(rows: list) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.Parser(description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="+", help="train.py run directories")
     args = p.parse_args(argv)
     print(table([row for run in args.runs for row in compare(run)]))

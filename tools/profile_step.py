@@ -13,14 +13,13 @@ up, then --repeat passes are profiled. --numerics profiles nothing: it samples t
 sampler (as train.py does) and prints how far each pass's log-probs of them are from float32 SDPA's (the attention
 kernels differ in speed on a CPU; a faster one is worth nothing if it moves the numbers the loss reads).
 """
-import argparse
 import time
 
 import torch
 
 import grpo
 import sample
-from infra import cpu
+from infra import cli, cpu
 from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, load_workload, training_flops
 
 
@@ -96,7 +95,7 @@ def numerics(w) -> list:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = cli.Parser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="tiny")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--repeat", type=int, default=2, help="passes profiled after one warm-up pass")

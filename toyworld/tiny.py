@@ -208,6 +208,10 @@ def load_or_build(cache_dir: str = CACHE_DIR, seed: int = 0, task=None):
         tmp = path + f".tmp{os.getpid()}"
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        for name in os.listdir(tmp):  # safetensors writes 0600: the mode of the user's other files instead
+            os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
         os.makedirs(cache_dir, exist_ok=True)
         if not os.path.exists(path):
             os.replace(tmp, path)
