@@ -234,9 +234,10 @@ def test_rescore_adds_a_rule_to_the_located_lines_as_a_run_with_it_would_have(ba
     # block draws again (here: one response edited; another problem's count of right answers) are reported and left
     # without the rule.
     out = tmp_path / "att"
-    flags = ["--model", "tiny", "--dataset", "tiny", "--limit", "4", "--n", "4", "--threads", str(THREADS),
-             "--rules", "none,grail", "--group-batch", "2", "--out", str(out), "--n-max", "4"]  # (F3b's extra
-    # draws would change which problems have lines to edit: this test needs three)
+    # 12 problems, so that at least three have located lines on any host's tiny base (on 2026-11-28's host the first 4
+    # and 6 had two); --n-max 4: F3b's extra draws would change which lines there are to edit
+    flags = ["--model", "tiny", "--dataset", "tiny", "--limit", "12", "--n", "4", "--threads", str(THREADS),
+             "--rules", "none,grail", "--group-batch", "2", "--out", str(out), "--n-max", "4"]
     attribution.main(flags)
     whole = [json.loads(x) for x in open(out / "rollouts.jsonl")]
     rows = [x for x in whole if "rollout" in x]

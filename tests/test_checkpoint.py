@@ -300,7 +300,9 @@ def test_weights_that_are_not_finite_are_refused(base, tmp_path):
     train.main(["--steps", "1", "--run-dir", run_dir, *SMALL])
     os.replace(os.path.join(path, "model.safetensors"), os.path.join(run_dir, "checkpoint", "model.safetensors"))
     manifest = json.load(open(os.path.join(run_dir, "checkpoint", "manifest.json")))
-    del manifest["files"]["model.safetensors"]  # as if it had been saved so
+    saved = os.path.join(run_dir, "checkpoint", "model.safetensors")  # as if it had been saved so: its size and
+    manifest["files"]["model.safetensors"] = {"bytes": os.path.getsize(saved),  # checksum in the manifest
+                                              "sha256": checkpoint._sha256(saved)}
     json.dump(manifest, open(os.path.join(run_dir, "checkpoint", "manifest.json"), "w"))
     with pytest.raises(SystemExit) as e:
         train.main(["--steps", "2", "--resume", "--run-dir", run_dir, *SMALL])

@@ -187,8 +187,12 @@ def test_next_token_over_a_large_vocabulary_gives_the_plain_numbers():
                 torch.manual_seed(A)
                 got = fast(logits, temperature)
                 assert torch.equal(got[0], want[0]), (dtype, temperature, A)
-                for k, what in ((1, "log-prob"), (2, "entropy")):
-                    assert_close(got[k], want[k], rel=1e-5, what=f"next token's {what}, T {temperature}")
+                # the entropy sums 151,936 float32 terms in another order (log s - sum p z against entr): a
+                # rounding error of about sqrt(V) x 6e-8 = 2.3e-5 of its scale is to be expected, and this host
+                # (2026-11-28) read 1.09e-5 (1.14e-4 at a scale of 10.5) where 1e-5 was asked; a wrong formula is off
+                # by far more
+                for k, what, rel in ((1, "log-prob", 1e-5), (2, "entropy", 5e-5)):
+                    assert_close(got[k], want[k], rel=rel, what=f"next token's {what}, T {temperature}")
             assert len(fast.z) == 24
     assert torch.cat(seen).min() < 1e-3 and torch.cat(seen).max() > 10  # peaked rows and flat ones
 
