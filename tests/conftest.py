@@ -124,6 +124,19 @@ def greedy_equals_generate(model, tok, prompts: list, new_tokens: int) -> dict:
     return ours
 
 
+def sampled_against_forward(model, tok, prompts: list, n: int, temperature: float, new_tokens: int = 40) -> tuple:
+    """(the sampler's log-probs, the training forward's) of the response tokens of n rollouts per prompt, drawn at
+    temperature from seed 0 (sample.generate, then sample.token_logprobs at the same temperature), and the batch."""
+    import sample
+    torch.manual_seed(0)
+    out = sample.generate(model, prompts, n=n, max_new_tokens=new_tokens, temperature=temperature,
+                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    with torch.no_grad():
+        logp = sample.token_logprobs(model, out["input_ids"], out["attention_mask"], out["prompt_len"], temperature)
+    m = out["response_mask"].bool()
+    return out["logprobs"][m], logp[m], out
+
+
 def checkpoint_reopens(path: str, model, tok, text: str) -> float:
     """A train.py checkpoint opens with AutoModelForCausalLM and AutoTokenizer: the same ids for `text`, the same chat
     template. Returns how far its weights moved from `model`'s (the largest change)."""

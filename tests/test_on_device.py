@@ -9,27 +9,20 @@ take the place of the CPU's.
 import copy
 import json
 import os
-import random
 
 import pytest
 import torch
 
 import methods
-import sample
 import train
-from conftest import THREADS, assert_close, checkpoint_reopens, greedy_equals_generate
-from toyworld import tiny
+from conftest import THREADS, assert_close, checkpoint_reopens, greedy_equals_generate, sampled_against_forward
+from test_sample import prompts  # the tiny task's prompts, of different lengths (left padding)
 
 DEVICE = os.environ.get("TEST_DEVICE", "cpu")
 if DEVICE != "cpu" and not (DEVICE.startswith("cuda") and torch.cuda.is_available()):
     pytest.skip(f"TEST_DEVICE={DEVICE}: no such device here", allow_module_level=True)
 SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--eval-limit", "4", "--eval-every", "1000",
          "--save-every", "1000", "--device", DEVICE, "--threads", str(THREADS)]
-
-
-def prompts(tok, n, seed=0):
-    qs = tiny.train_problems(random.Random(seed), n, set(tiny.eval_problems()))
-    return [tok(tiny.prompt(q))["input_ids"] for q in qs]  # different lengths -> left padding
 
 
 def steps(run_dir) -> list:
@@ -50,15 +43,10 @@ def test_greedy_sampler_equals_generate_on_the_device(on_device):
 
 def test_sampled_logprobs_equal_the_training_forward_on_the_device(on_device):
     model, tok = on_device
-    torch.manual_seed(0)
-    out = sample.generate(model, prompts(tok, 8, seed=1), n=4, max_new_tokens=40, temperature=1.0,
-                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    with torch.no_grad():
-        logp = sample.token_logprobs(model, out["input_ids"], out["attention_mask"], out["prompt_len"])
-    m = out["response_mask"].bool()
+    sampled, scored, _ = sampled_against_forward(model, tok, prompts(tok, 8, seed=1), n=4, temperature=1.0)
     # The CPU's two paths used 0.035 of rel 1e-5 (tests/test_sample.py); a GPU's kernels sum in other orders: 1e-4
     # still catches a wrong temperature, position or mask (errors of 1e-1 and more)
-    assert_close(logp[m], out["logprobs"][m], rel=1e-4, what="log-probs")
+    assert_close(scored, sampled, rel=1e-4, what="log-probs")
 
 
 @pytest.mark.parametrize("method", methods.short_names())

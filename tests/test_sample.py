@@ -7,7 +7,7 @@ import torch
 
 import sample
 from toyworld import tiny
-from conftest import assert_close
+from conftest import assert_close, sampled_against_forward
 
 
 def prompts(tok, n, seed=0):
@@ -17,29 +17,19 @@ def prompts(tok, n, seed=0):
 
 def test_sampled_logprobs_equal_the_training_forward(base):
     model, tok = base
-    torch.manual_seed(0)
-    out = sample.generate(model, prompts(tok, 8, seed=1), n=4, max_new_tokens=40, temperature=1.0,
-                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    sampled, scored, out = sampled_against_forward(model, tok, prompts(tok, 8, seed=1), n=4, temperature=1.0)
     assert len(set(out["response_mask"].sum(-1).tolist())) > 1
-    with torch.no_grad():
-        logp = sample.token_logprobs(model, out["input_ids"], out["attention_mask"], out["prompt_len"])
-    m = out["response_mask"].bool()
     # margin: the two paths used 0.035 of the tolerance at worst (this project's CPU, 2026-11-25; TEST_MARGINS)
-    assert_close(logp[m], out["logprobs"][m], rel=1e-5, what="log-probs")
+    assert_close(scored, sampled, rel=1e-5, what="log-probs")
 
 
 def test_temperature_is_applied_in_both_places(base):
     model, tok = base
-    torch.manual_seed(0)
-    out = sample.generate(model, prompts(tok, 4, seed=2), n=2, max_new_tokens=40, temperature=0.7,
-                          eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    with torch.no_grad():
-        logp = sample.token_logprobs(model, out["input_ids"], out["attention_mask"], out["prompt_len"], 0.7)
-    m = out["response_mask"].bool()
+    sampled, scored, out = sampled_against_forward(model, tok, prompts(tok, 4, seed=2), n=2, temperature=0.7)
     # The decode (a KV cache, a token at a time) and the full forward sum in other orders: 6.6e-6 of the scale here,
     # 0.66 of the 1e-5 this test had, too close for another CPU; a wrong temperature moves log-probs by 1e-1.
     # margin: the two paths used 0.066 of the tolerance at worst (this project's CPU, 2026-11-25; TEST_MARGINS)
-    assert_close(logp[m], out["logprobs"][m], rel=1e-4, what="log-probs")
+    assert_close(scored, sampled, rel=1e-4, what="log-probs")
 
 
 def test_eos_stays_in_the_mask_when_pad_is_eos(base):
