@@ -21,6 +21,7 @@ checkpoint starts over (train.py --overwrite), so a stopped comparison picks up 
                                                              attribution metrics (mean over steps, +- std over seeds)
     heatmaps/METHOD.html                                     the last evaluation's heat map (seed 0)
 """
+import concurrent.futures
 import json
 import os
 import shutil
@@ -143,15 +144,38 @@ def run_one(method, seed, args):
     extra = ["--resume"] if resuming else ["--overwrite"] if leftover else []
     what = "resuming" if resuming else "restarting (no checkpoint to resume)" if leftover else "running"
     print(f"{what} {method} seed {seed}: {' '.join(cmd[1:] + extra)}", flush=True)
-    rc = subprocess.run(cmd + extra, cwd=ROOT).returncode
+    if args.jobs > 1:  # runs side by side: each one's progress bars and messages to its own log, not interleaved
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "train.log"), "a") as log:
+            rc = subprocess.run(cmd + extra, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
+        where = f"its message is in {os.path.join(run_dir, 'train.log')}"
+    else:
+        rc = subprocess.run(cmd + extra, cwd=ROOT).returncode
+        where = "its message is above"
     if rc:
-        sys.exit(f"{method} seed {seed}: train.py exited with status {rc} (its message is above); {run_dir} is "
+        sys.exit(f"{method} seed {seed}: train.py exited with status {rc} ({where}); {run_dir} is "
                  f"kept, and the same command picks up from it")
+    print(f"finished {method} seed {seed}", flush=True)
     tmp = done_path + ".tmp"  # a kill while writing must not leave a done.json that is not JSON
     with open(tmp, "w") as f:
         json.dump({"method": method, "seed": seed, "steps": args.steps, "flags": flags}, f)
     os.replace(tmp, done_path)
     return checkpoint.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+
+
+def run_all(chosen: list, seeds: list, args) -> dict:
+    """Every run, seed by seed (each method's seed 0 before any seed 1: a comparison stopped part way holds whole
+    seeds to pair), args.jobs at a time; {method: [records of each seed]}."""
+    order = [(m, s) for s in seeds for m in chosen]
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # threads that each wait on a train.py process
+        futures = {ms: pool.submit(run_one, *ms, args) for ms in order}
+        try:
+            done = {ms: f.result() for ms, f in futures.items()}
+        except BaseException:
+            for f in futures.values():  # the runs not yet started are not started; those running finish
+                f.cancel()
+            raise
+    return {m: [done[(m, s)] for s in seeds] for m in chosen}
 
 
 def mean_std(values: list) -> str:
@@ -210,6 +234,8 @@ def main(argv=None):
                                                            "tiny, chain, ...)")
     p.add_argument("--overwrite", action="store_true",
                    help="start every run over (train.py --overwrite) in an OUT made with other settings")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time, each its own process (default: %(default)s; "
+                                                       "on 2 cores: --jobs 2 --threads 1)")
     p.add_argument("train_args", nargs="*", help="more train.py flags, after --, e.g. -- --lr 1e-4")
     args = p.parse_args(argv)
     chosen, seeds = args.methods.split(","), parse_seeds(p, args.seeds)
@@ -219,7 +245,7 @@ def main(argv=None):
     distinct(p, "--methods", args.methods, chosen, methods.parse)
     distinct(p, "--seeds", args.seeds, seeds, int)
     with shared.as_errors_of(p):
-        shared.at_least(args, {"steps": 1, "eval_every": 1})
+        shared.at_least(args, {"steps": 1, "eval_every": 1, "jobs": 1})
     if shared.threads_problem(args.threads):
         p.error(f"--threads {args.threads}: {shared.threads_problem(args.threads)}")
     if args.eval_every is None:
@@ -234,7 +260,7 @@ def main(argv=None):
         isinstance(checkpoint.read_json(os.path.join(args.out, f"{m}-seed{s}", "done.json")), dict)
         for m in chosen for s in seeds)
     lock = outfolder.claim(args.out, settings(args), args.overwrite, finished)
-    results = {m: [run_one(m, s, args) for s in seeds] for m in chosen}
+    results = run_all(chosen, seeds, args)
     for name, (key, label) in PLOTS.items():
         plots.curves(os.path.join(args.out, name), key, results, label,
                      title=f"{label}, {len(chosen)} methods x {args.steps} steps")
