@@ -233,21 +233,27 @@ def packaged_directory(name: str, flag: str = "--model") -> str:
     to a temporary directory and renamed when complete, so an interrupted conversion leaves nothing that is used
     (and, unless killed outright, nothing at all)."""
     out = os.path.join(CACHE_DIR, name)
-    if not os.path.isfile(os.path.join(out, "config.json")):
-        directory, file = gguf_location(name, flag)
-        print(f"{flag} {name}: converting {file} to an ordinary float32 model in {out} (once)")
-        model, tok = load_gguf(directory, file)
-        tmp = out + f".tmp{os.getpid()}"
-        try:
-            model.save_pretrained(tmp)
-            tok.save_pretrained(tmp)
-            from infra import checkpoint
-            checkpoint.usual_modes(tmp)
-            shutil.rmtree(out, ignore_errors=True)
-            os.replace(tmp, out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with tiny.one_builder(out):  # two runs started together convert once, and neither reads a half-replaced copy
+        if not os.path.isfile(os.path.join(out, "config.json")):
+            convert(name, out, flag)
     return out
+
+
+def convert(name: str, out: str, flag: str):
+    """packaged_directory's conversion of the alias's GGUF file into out."""
+    directory, file = gguf_location(name, flag)
+    print(f"{flag} {name}: converting {file} to an ordinary float32 model in {out} (once)")
+    model, tok = load_gguf(directory, file)
+    tmp = out + f".tmp{os.getpid()}"
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        from infra import checkpoint
+        checkpoint.usual_modes(tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def check_path(name: str, flag: str = "--model", config_only: bool = False):

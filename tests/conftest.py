@@ -7,8 +7,9 @@ import torch
 
 # tests import the flat modules of the project root
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# TEST_THREADS=1 or 2 (default 2): float sums may group differently with the thread count, so the suite runs with both
-THREADS = int(os.environ.get("TEST_THREADS", "2"))
+# TEST_THREADS=1 or 2: float sums may group differently with the thread count, so the suite runs with both. Default 2,
+# or 1 in each of pytest-xdist's workers (-n 2 on 2 cores: a thread each, not two fighting over one core)
+THREADS = int(os.environ.get("TEST_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2"))
 from infra import cpu  # noqa: E402
 cpu.setup(THREADS)  # the threads, and freed memory kept for the next large tensor, as every entry point sets
 

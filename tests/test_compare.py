@@ -103,6 +103,23 @@ def test_a_failed_run_is_one_line_naming_it(tmp_path, monkeypatch):
     assert not (tmp_path / "cmp" / "grpo-seed0" / "done.json").exists()
 
 
+def test_with_jobs_a_failed_run_does_not_stop_the_others_and_every_failure_is_named(tmp_path, monkeypatch, capsys):
+    # a script that fails for seed 1 only: seed 0 of both methods finishes (done.json), both seed 1 runs are named
+    script = tmp_path / "fake_train.py"
+    script.write_text("import sys\nsys.exit(3 if sys.argv[sys.argv.index('--seed') + 1] == '1' else 0)\n")
+    monkeypatch.setattr(compare, "TRAIN", str(script))
+    monkeypatch.setattr(compare.checkpoint, "read_metrics", lambda path: [])
+    out = tmp_path / "cmp"
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--methods", "grpo,ktae", "--seeds", "0,1", "--steps", "2", "--out", str(out), "--jobs", "2"])
+    assert str(e.value.code) == "2 runs failed (each named above): grpo seed 1; ktae seed 1"
+    assert (out / "grpo-seed0" / "done.json").exists() and (out / "ktae-seed0" / "done.json").exists()
+    assert not (out / "grpo-seed1" / "done.json").exists()
+    said = capsys.readouterr().out
+    assert "ktae seed 1: train.py exited with status 3 (its message is in" in said
+    assert (out / "ktae-seed1" / "train.log").exists()  # --jobs 2: each run's output to its own log
+
+
 def test_a_kill_while_done_json_is_written_leaves_none(tmp_path, monkeypatch):
     fake_train(tmp_path, monkeypatch)
     finished_run(tmp_path / "cmp" / "grpo-seed0")

@@ -1,5 +1,7 @@
 """The tiny world: task, tokenizer (the AutoTokenizer pitfall), model size, held-out separation."""
 import os
+import subprocess
+import sys
 import random
 
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -41,7 +43,18 @@ def test_a_build_that_loses_the_race_leaves_no_copy_behind(tmp_path, monkeypatch
         tokenizer.save_pretrained(tmp_path / "tiny-base-seed0")
     monkeypatch.setattr(tiny, "warm_start", other_run_finishes_first)
     tiny.load_or_build(cache_dir=str(tmp_path))
-    assert sorted(os.listdir(tmp_path)) == ["tiny-base-seed0"]
+    assert sorted(os.listdir(tmp_path)) == ["tiny-base-seed0", "tiny-base-seed0.lock"]
+
+
+def test_a_second_builder_waits_while_the_first_holds_the_lock(tmp_path):
+    # the suite's two workers, or two compare --jobs runs, asking for one base at once: while one process checks and
+    # builds, another cannot take the lock (it would wait); once the first is done, it can
+    path = str(tmp_path / "tiny-base-seed0")
+    probe = ("import fcntl, sys\nf = open(sys.argv[1], 'a')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+             "except BlockingIOError:\n    sys.exit(7)\n")
+    with tiny.one_builder(path):
+        assert subprocess.run([sys.executable, "-c", probe, path + ".lock"]).returncode == 7
+    assert subprocess.run([sys.executable, "-c", probe, path + ".lock"]).returncode == 0
 
 
 def test_training_never_sees_held_out_problems():

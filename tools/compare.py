@@ -165,16 +165,28 @@ def run_one(method, seed, args):
 
 def run_all(chosen: list, seeds: list, args) -> dict:
     """Every run, seed by seed (each method's seed 0 before any seed 1: a comparison stopped part way holds whole
-    seeds to pair), args.jobs at a time; {method: [records of each seed]}."""
+    seeds to pair), args.jobs at a time; {method: [records of each seed]}. A run that fails does not stop the
+    others (hours of them, with --jobs 2 already under way): each failure is named at the end, and the same command
+    picks up from there."""
     order = [(m, s) for s in seeds for m in chosen]
+    done, failed = {}, []
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:  # threads that each wait on a train.py process
-        futures = {ms: pool.submit(run_one, *ms, args) for ms in order}
+        futures = {pool.submit(run_one, *ms, args): ms for ms in order}
         try:
-            done = {ms: f.result() for ms, f in futures.items()}
-        except BaseException:
-            for f in futures.values():  # the runs not yet started are not started; those running finish
+            for f in concurrent.futures.as_completed(futures):
+                try:
+                    done[futures[f]] = f.result()
+                except SystemExit as e:  # run_one's one line
+                    print(e.code, flush=True)
+                    failed.append((order.index(futures[f]), str(e.code)))
+        except BaseException:  # Ctrl-C: no further run starts; those running are stopped with this process group
+            for f in futures:
                 f.cancel()
             raise
+    failed = [x for _, x in sorted(failed)]  # in the runs' order, not the order they ended
+    if failed:
+        sys.exit(failed[0] if len(failed) == 1 else f"{len(failed)} runs failed (each named above): " + "; ".join(
+            x.split(":")[0] for x in failed))
     return {m: [done[(m, s)] for s in seeds] for m in chosen}
 
 

@@ -20,9 +20,15 @@ and a WordLevel character vocabulary lost every space and newline there. Byte-le
 symbols survive that rebuild. As in Qwen2.5 base models, pad == eos ("<|endoftext|>"): the response mask
 must therefore never be computed as `ids != pad` (that would drop the real EOS; see sample.py).
 """
+import contextlib
 import os
 import random
 import shutil
+
+try:
+    import fcntl  # POSIX: the build's lock (load_or_build)
+except ImportError:  # Windows: no lock; two processes may both build, and the first copy is kept
+    fcntl = None
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -197,25 +203,43 @@ def load_or_build(cache_dir: str = CACHE_DIR, seed: int = 0, task=None):
     to a temporary name and renamed, so a run killed while building leaves no half-written model behind.
     """
     path = os.path.join(cache_dir, f"{task.name if task else NAME}-base-seed{seed}")
-    if not os.path.exists(os.path.join(path, "model.safetensors")):
-        from tqdm import tqdm
-        tokenizer = build_tokenizer()
-        model = build_model(tokenizer, seed)
-        what = f"the {task.name} task's" if task else "the tiny"
-        print(f"building {what} base model (once, cached in {path})")
-        settings = dict(steps=task.warm_steps, batch_size=task.warm_batch, lr=task.warm_lr, task=task) if task else {}
-        warm_start(model, tokenizer, seed=seed, progress=lambda r: tqdm(r, desc="warm start", leave=False), **settings)
-        tmp = path + f".tmp{os.getpid()}"
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        for name in os.listdir(tmp):  # safetensors writes 0600: the mode of the user's other files instead
-            os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
-        os.makedirs(cache_dir, exist_ok=True)
-        if not os.path.exists(path):
-            os.replace(tmp, path)
-        else:  # a run beside this one built the same model first: its copy is kept, this one goes
-            shutil.rmtree(tmp, ignore_errors=True)
+    with one_builder(path):
+        if not os.path.exists(os.path.join(path, "model.safetensors")):
+            build(path, cache_dir, seed, task)
     model = Qwen2ForCausalLM.from_pretrained(path)
     return model, AutoTokenizer.from_pretrained(path), path
+
+
+@contextlib.contextmanager
+def one_builder(path: str):
+    """Held while a process checks for, and if missing builds, the cached directory `path` (PATH.lock, flock): a
+    process beside it (the suite's two workers, tools.compare --jobs 2) waits and then reads the finished copy,
+    instead of building its own and replacing the first one's while that one is being read."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends however it ends
+        yield
+
+
+def build(path: str, cache_dir: str, seed: int, task):
+    """Build, warm-start and write the base model to path (load_or_build's first use)."""
+    from tqdm import tqdm
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed)
+    what = f"the {task.name} task's" if task else "the tiny"
+    print(f"building {what} base model (once, cached in {path})")
+    settings = dict(steps=task.warm_steps, batch_size=task.warm_batch, lr=task.warm_lr, task=task) if task else {}
+    warm_start(model, tokenizer, seed=seed, progress=lambda r: tqdm(r, desc="warm start", leave=False), **settings)
+    tmp = path + f".tmp{os.getpid()}"
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in os.listdir(tmp):  # safetensors writes 0600: the mode of the user's other files instead
+        os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
+    os.makedirs(cache_dir, exist_ok=True)
+    if not os.path.exists(path):
+        os.replace(tmp, path)
+    else:  # a run beside this one built the same model first: its copy is kept, this one goes
+        shutil.rmtree(tmp, ignore_errors=True)
