@@ -20,6 +20,8 @@ checkpoint starts over (train.py --overwrite), so a stopped comparison picks up 
     results.md                                               final accuracy mean +- std, length, wall time, and the
                                                              attribution metrics (mean over steps, +- std over seeds)
     heatmaps/METHOD.html                                     the last evaluation's heat map (seed 0)
+    paired.md paired_curves.png paired_diffs.png            every method against the first, paired by seed, with
+                                                             95 % intervals (tools/paired.py)
 """
 import concurrent.futures
 import json
@@ -33,6 +35,7 @@ import data
 import methods
 from config import shared, training
 from infra import checkpoint, cli, models, outfolder, plots
+from tools import paired
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's root, one folder up
 
@@ -289,6 +292,8 @@ def main(argv=None):
                 f"{args.steps} --eval-every {args.eval_every}{' -- ' * bool(args.train_args)}"
                 f"{' '.join(args.train_args)}`\n\n" + md)
     print(md)
+    if len(chosen) > 1:  # every method against the first one, paired by seed (tools/paired.py)
+        print(paired.write(args.out, baseline=chosen[0]))
     lock.close()
     return results
 

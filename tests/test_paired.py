@@ -1,0 +1,66 @@
+"""tools/paired: the paired difference against a baseline, its t-interval, the equal-wall-clock reading and the
+verdict by the margin stated before issue 62's runs, on numbers checked by hand."""
+import json
+import math
+
+import pytest
+
+from tools import paired
+
+
+def test_interval_by_hand():
+    # [0.1, 0.3]: mean 0.2, sd 0.1414, standard error 0.1414 / sqrt 2 = 0.1, t(1 df) 12.706: 0.2 +- 1.2706
+    mean, low, high = paired.interval([0.1, 0.3])
+    assert mean == pytest.approx(0.2) and low == pytest.approx(0.2 - 1.2706) and high == pytest.approx(0.2 + 1.2706)
+    assert paired.t975(4) == 2.776 and paired.t975(22) == 2.086 and paired.t975(40) == 1.96
+    assert math.isnan(paired.interval([0.5])[1])
+
+
+def run(tmp, method, seed, accs, step_seconds):
+    """A finished compare run: an evaluation at each step 0..len(accs)-1, each step taking step_seconds."""
+    d = tmp / f"{method}-seed{seed}"
+    d.mkdir()
+    recs = [{"step": 0, "eval_accuracy": accs[0], "eval_response_len": 30.0}]
+    for s, a in enumerate(accs[1:], 1):
+        recs += [{"step": s, "time_step": step_seconds, "reward_mean": a},
+                 {"step": s, "eval_accuracy": a, "eval_response_len": 30.0 + s * (method != "grpo")}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (d / "done.json").write_text(json.dumps({"method": method, "seed": seed, "steps": len(accs) - 1}))
+
+
+def test_paired_rows_by_hand(tmp_path):
+    for seed, (g, k, slow) in enumerate([(0.5, 0.6, 0.6), (0.4, 0.52, 0.5), (0.6, 0.71, 0.8)]):
+        run(tmp_path, "grpo", seed, [0.2, 0.3, g], 1.0)
+        run(tmp_path, "ktae", seed, [0.2, 0.3, k], 1.0)
+        run(tmp_path, "slow", seed, [0.2, 0.25, slow], 2.0)  # twice grpo's seconds a step
+    run(tmp_path, "ktae", 3, [0.2, 0.3, 0.9], 1.0)  # no grpo run of seed 3: not paired
+    rows = {r["method"]: r for r in paired.rows(paired.finished(str(tmp_path)), "grpo", 0.5)}
+    # ktae - grpo at step 2: [0.10, 0.12, 0.11], mean 0.11, sd 0.01, se 0.01 / sqrt 3 = 0.005774, t(2) 4.303:
+    # +- 0.02484, lower end 0.0852 > 0 and mean >= 0.03: better
+    k = rows["ktae"]
+    assert k["seeds"] == [0, 1, 2]
+    assert k["d_step"] == pytest.approx((0.11, 0.11 - 0.02484, 0.11 + 0.02484), abs=1e-4)
+    assert paired.verdict(*k["d_step"][:2]) == "better"
+    # slow - grpo at step 2: [0.1, 0.1, 0.2], mean 0.1333, sd 0.0577, se 0.0333, +- 0.1434: lower end -0.0101
+    s = rows["slow"]
+    assert s["d_step"] == pytest.approx((0.13333, 0.13333 - 0.14343, 0.13333 + 0.14343), abs=1e-4)
+    assert paired.verdict(*s["d_step"][:2]) == "not shown better"
+    # grpo's 2 steps took 2 s; slow reached only step 1 by then (0.25): 0.25 - [0.5, 0.4, 0.6] = mean -0.25
+    assert s["d_wall"][0] == pytest.approx(-0.25)
+    assert k["d_wall"][0] == pytest.approx(0.11)  # the same speed: the same reading as at equal steps
+    assert s["d_length"][0] == pytest.approx(2.0) and s["minutes"] == pytest.approx(4 / 60)
+    assert k["reach"] == [2, 2, 2] and s["reach"] == [2, 2, 2] and rows["slow"]["step"] == 2
+    assert paired.verdict(0.02, 0.001) == "not shown better"  # above 0 but under the margin
+
+
+def test_write_makes_the_table_and_both_pictures(tmp_path, capsys):
+    for seed in (0, 1):
+        run(tmp_path, "grpo", seed, [0.2, 0.4, 0.5], 1.0)
+        run(tmp_path, "ktae", seed, [0.2, 0.4, 0.55 + 0.1 * seed], 1.5)
+    paired.main([str(tmp_path)])
+    md = (tmp_path / "paired.md").read_text()
+    assert "| ktae | 2 | 0.600 [" in md and "| +0.100 [" in md
+    assert (tmp_path / "paired_curves.png").stat().st_size > 0 and (tmp_path / "paired_diffs.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        paired.main([str(tmp_path), "--baseline", "dapo"])
+    assert "no finished run of --baseline dapo" in capsys.readouterr().err

@@ -1,0 +1,229 @@
+"""Each method against a baseline on the same seeds: the paired difference of held-out accuracy, with its interval.
+
+    python -m tools.paired runs/compare                    # every method of a tools.compare folder against grpo
+    python -m tools.paired runs/compare --baseline dapo --threshold 0.5
+
+Reads the finished runs of a tools.compare folder (OUT/METHOD-seedS with done.json; a comparison still under way
+gives the seeds both runs of a pair have finished) and writes
+    OUT/paired.md          per method: accuracy at the last step, the paired difference (same seed) with a 95 %
+                           t-interval, the same at the baseline's wall-clock, steps to --threshold, response length
+    OUT/paired_curves.png  a panel per method: its greedy accuracy over steps beside the baseline's, mean and 95 %
+                           t-interval band over seeds
+    OUT/paired_diffs.png   the paired differences and their intervals, at equal steps and at equal wall-clock
+
+Why paired: a seed fixes the problems each step draws and the held-out set, so two methods' runs of one seed differ
+only by the method (and sampling noise); the seed-to-seed spread, which is large on a small model, cancels in the
+difference. "Better" is the criterion docs/LOG.md stated before issue 62's runs: the interval's lower end above 0
+and a mean difference of at least MARGIN.
+
+Equal wall-clock: each run's seconds in steps (metrics' time_step, sampling to optimizer step, evaluations left
+out), summed up to each evaluation; a method is read at the last evaluation it reached within the baseline's time
+for all its steps (a method faster than the baseline is read at its last step: the runs stop at --steps). With
+evaluations every 10 steps the reading is coarse, and the times are those of the machine the runs shared.
+"""
+import json
+import math
+import os
+import statistics
+
+from infra import checkpoint, cli
+
+MARGIN = 0.03  # docs/LOG.md 2026-11-28: the smallest mean difference that counts as better, stated before the runs
+# Student's t, 97.5th percentile, by degrees of freedom (a 95 % two-sided interval); 1.96 beyond the table
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
+        25: 2.060, 30: 2.042}
+
+
+def t975(df: int) -> float:
+    """The t quantile for df degrees of freedom (the next smaller tabled df where df is not in the table: wider)."""
+    return T975[max(d for d in T975 if d <= df)] if df <= 30 else 1.96
+
+
+def interval(values: list) -> tuple:
+    """(mean, low, high): the mean and its 95 % t-interval. interval([0.1, 0.3]) == (0.2, 0.2 - 12.706 * 0.1,
+    0.2 + 12.706 * 0.1) (sd 0.1414, / sqrt 2 = 0.1); one value: (v, nan, nan)."""
+    n = len(values)
+    mean = statistics.mean(values)
+    if n < 2:
+        return mean, float("nan"), float("nan")
+    half = t975(n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def evals(recs: list) -> dict:
+    """{step: greedy held-out accuracy} of a run's records."""
+    return {r["step"]: r["eval_accuracy"] for r in recs if "eval_accuracy" in r}
+
+
+def seconds_to(recs: list) -> dict:
+    """{step: seconds in steps up to and including that step} (time_step summed)."""
+    out, total = {0: 0.0}, 0.0
+    for r in sorted((r for r in recs if "time_step" in r), key=lambda r: r["step"]):
+        total += r["time_step"]
+        out[r["step"]] = total
+    return out
+
+
+def accuracy_within(recs: list, seconds: float) -> float:
+    """The accuracy of the last evaluation the run reached within `seconds` of steps."""
+    acc, spent = evals(recs), seconds_to(recs)
+    reached = [s for s in acc if spent.get(s, math.inf) <= seconds * (1 + 1e-9)]
+    return acc[max(reached)]
+
+
+def steps_to(recs: list, threshold: float):
+    """The first evaluated step whose accuracy is at least threshold, or None."""
+    return next((s for s, a in sorted(evals(recs).items()) if a >= threshold), None)
+
+
+def finished(out: str) -> dict:
+    """{method: {seed: records}} of the runs in a tools.compare folder that finished (done.json)."""
+    runs = {}
+    for name in sorted(os.listdir(out)):
+        done = checkpoint.read_json(os.path.join(out, name, "done.json"))
+        if isinstance(done, dict) and "method" in done and "seed" in done:
+            recs = checkpoint.read_metrics(os.path.join(out, name, "metrics.jsonl"))
+            runs.setdefault(done["method"], {})[done["seed"]] = recs
+    return runs
+
+
+def verdict(mean: float, low: float) -> str:
+    return "better" if low > 0 and mean >= MARGIN else "not shown better"
+
+
+def rows(runs: dict, baseline: str, threshold: float) -> list:
+    """A row per method other than the baseline, over the seeds both have finished."""
+    base, out = runs[baseline], []
+    for method, seeds in runs.items():
+        common = sorted(set(seeds) & set(base))
+        if method == baseline or not common:
+            continue
+        last = [max(evals(seeds[s])) for s in common]
+        acc = [evals(seeds[s])[step] for s, step in zip(common, last)]
+        d_step = [a - evals(base[s])[step] for s, a, step in zip(common, acc, last)]
+        d_wall = [accuracy_within(seeds[s], seconds_to(base[s])[max(evals(base[s]))])
+                  - evals(base[s])[max(evals(base[s]))] for s in common]
+        length = [[r["eval_response_len"] for r in seeds[s] if "eval_response_len" in r][-1]
+                  - [r["eval_response_len"] for r in base[s] if "eval_response_len" in r][-1] for s in common]
+        minutes = [seconds_to(seeds[s])[max(evals(seeds[s]))] / 60 for s in common]
+        reach = [steps_to(seeds[s], threshold) for s in common]
+        out.append(dict(method=method, seeds=common, step=max(last), accuracy=interval(acc),
+                        base_accuracy=interval([evals(base[s])[max(evals(base[s]))] for s in common]),
+                        d_step=interval(d_step), d_wall=interval(d_wall), d_length=interval(length),
+                        minutes=statistics.mean(minutes), reach=reach))
+    return out
+
+
+def _ci(m: tuple, sign: bool = True) -> str:
+    mean, low, high = m
+    f = "{:+.3f}" if sign else "{:.3f}"
+    return f.format(mean) + ("" if low != low else f" [{f.format(low)}, {f.format(high)}]")
+
+
+def table(rows_: list, baseline: str, threshold: float) -> str:
+    lines = [f"Against `{baseline}`, paired by seed; [95 % t-interval]. Better: lower end > 0 and mean >= +{MARGIN}.",
+             "", f"| method | seeds | accuracy at last step | {baseline} on those seeds | difference, equal steps | "
+             f"verdict | difference, {baseline}'s wall-clock | verdict | response length difference | "
+             f"minutes in steps | steps to {threshold} (none: not reached) |", "|---" * 11 + "|"]
+    for r in rows_:
+        reach = ", ".join("none" if x is None else str(x) for x in r["reach"])
+        lines.append(f"| {r['method']} | {len(r['seeds'])} | {_ci(r['accuracy'], False)} | "
+                     f"{_ci(r['base_accuracy'], False)} | {_ci(r['d_step'])} | {verdict(*r['d_step'][:2])} | "
+                     f"{_ci(r['d_wall'])} | {verdict(*r['d_wall'][:2])} | {_ci(r['d_length'])} | "
+                     f"{r['minutes']:.1f} | {reach} |")
+    return "\n".join(lines) + "\n"
+
+
+def band(series: list) -> tuple:
+    """Per step of the runs' common evaluations: steps, mean, low, high (95 % t-interval; a single run: no band)."""
+    steps = sorted(set.intersection(*(set(s) for s in series)))
+    stats = [interval([s[x] for s in series]) for x in steps]
+    means, lows, highs = ([s[i] for s in stats] for i in range(3))
+    if len(series) < 2:
+        lows, highs = means, means
+    return steps, means, lows, highs
+
+
+def plot(out: str, runs: dict, rows_: list, baseline: str):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = len(rows_)
+    cols = min(4, max(1, n))
+    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(3.2 * cols, 2.6 * ((n + cols - 1) // cols)),
+                             sharex=True, sharey=True, squeeze=False)
+    for ax, r in zip(axes.flat, rows_):
+        for name, colour in ((baseline, "0.45"), (r["method"], "C0" if verdict(*r["d_step"][:2]) != "better"
+                                                   else "C2")):
+            steps, mean, low, high = band([evals(runs[name][s]) for s in r["seeds"]])
+            ax.plot(steps, mean, color=colour, marker="o", markersize=3, label=name)
+            ax.fill_between(steps, low, high, color=colour, alpha=0.2)
+        ax.set_title(f"{r['method']} ({len(r['seeds'])} seeds): {_ci(r['d_step'])}", fontsize=8)
+        ax.legend(fontsize=7, loc="lower right", frameon=False)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("step")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("greedy held-out accuracy")
+    fig.suptitle(f"each method against {baseline}, paired by seed: mean and 95 % t-interval band over seeds; "
+                 f"title: the difference at the last step", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "paired_curves.png"), dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 0.45 * n + 1.4))
+    for i, r in enumerate(rows_):
+        for dy, key, marker, label in ((-0.12, "d_step", "o", "equal steps"),
+                                       (0.12, "d_wall", "s", f"{baseline}'s wall-clock")):
+            mean, low, high = r[key]
+            ax.errorbar(mean, i + dy, xerr=None if low != low else [[mean - low], [high - mean]], fmt=marker,
+                        color="C0" if key == "d_step" else "C1", capsize=3, label=label if i == 0 else None)
+    ax.axvline(0, color="0.3", linewidth=1)
+    ax.axvline(MARGIN, color="C2", linestyle="--", linewidth=1, label=f"+{MARGIN}: the margin stated beforehand")
+    ax.set_yticks(range(n), [f"{r['method']} ({len(r['seeds'])})" for r in rows_])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"accuracy minus {baseline}'s, same seed (95 % t-interval)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "paired_diffs.png"), dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def write(out: str, baseline: str = "grpo", threshold: float = 0.5) -> str:
+    """paired.md and the two PNGs in out; returns the table ('' when the baseline has no finished run)."""
+    runs = finished(out)
+    if baseline not in runs:
+        return ""
+    rows_ = rows(runs, baseline, threshold)
+    if not rows_:
+        return ""
+    md = table(rows_, baseline, threshold)
+    with open(os.path.join(out, "paired.md"), "w") as f:
+        f.write(md)
+    with open(os.path.join(out, "paired.json"), "w") as f:  # the numbers, for a table elsewhere
+        json.dump(rows_, f, indent=1)
+    plot(out, runs, rows_, baseline)
+    return md
+
+
+def main(argv=None):
+    p = cli.Parser(description=__doc__.split("\n")[0])
+    p.add_argument("out", help="a tools.compare folder")
+    p.add_argument("--baseline", default="grpo", help="the method the others are paired with (default: %(default)s)")
+    p.add_argument("--threshold", type=float, default=0.5, help="the accuracy whose first step is reported "
+                                                                "(default: %(default)s)")
+    args = p.parse_args(argv)
+    if not os.path.isdir(args.out):
+        p.error(f"{args.out}: no such folder")
+    md = write(args.out, args.baseline, args.threshold)
+    if not md:
+        p.error(f"{args.out}: no finished run of --baseline {args.baseline} with another method on its seed")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
