@@ -17,7 +17,7 @@ difference. "Better" is the criterion docs/LOG.md stated before issue 62's runs:
 and a mean difference of at least MARGIN.
 
 Equal wall-clock: each run's seconds in steps (metrics' time_step, sampling to optimizer step, evaluations left
-out), summed up to each evaluation; a method is read at the last evaluation it reached within the baseline's time
+out; its median step times the steps, robust to a machine shared for a while); a method is read at the last evaluation it reached within the baseline's time
 for all its steps (a method faster than the baseline is read at its last step: the runs stop at --steps). With
 evaluations every 10 steps the reading is coarse, and the times are those of the machine the runs shared.
 """
@@ -57,12 +57,12 @@ def evals(recs: list) -> dict:
 
 
 def seconds_to(recs: list) -> dict:
-    """{step: seconds in steps up to and including that step} (time_step summed)."""
-    out, total = {0: 0.0}, 0.0
-    for r in sorted((r for r in recs if "time_step" in r), key=lambda r: r["step"]):
-        total += r["time_step"]
-        out[r["step"]] = total
-    return out
+    """{step: seconds in steps up to that step}, each step counted at the run's median time_step: a run that shared
+    the CPU with other work for a while, or was paused (kill -STOP) mid-step, has a few steps many times their
+    usual length, which a sum would charge to the method."""
+    times = [r["time_step"] for r in recs if "time_step" in r]
+    median = statistics.median(times) if times else 0.0
+    return {s: s * median for s in {0, *(r["step"] for r in recs)}}
 
 
 def accuracy_within(recs: list, seconds: float) -> float:
