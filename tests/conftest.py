@@ -36,6 +36,21 @@ def tmp_path_removed_after(request):
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def memory_recorded(request):
+    """With TEST_MEMLOG=FILE, a JSON line per test: its worker and the process's peak resident memory so far (and of
+    its finished children), in MiB. The peak only rises, so the test at which a worker's line jumps is the one that
+    needs it: how the suite's two workers were kept from meeting at their peaks (docs/LOG.md, 2026-11-28)."""
+    yield
+    if os.environ.get("TEST_MEMLOG"):
+        import resource
+        with open(os.environ["TEST_MEMLOG"], "a") as f:
+            f.write(json.dumps({"test": request.node.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+                                "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+                                "children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024})
+                    + "\n")
+
+
 def record_margin(what: str, used: float):
     """With TEST_MARGINS=FILE, a JSON line per comparison: the test, what it compared and the share of its tolerance
     the difference used (max|diff| / bound). The margins the tolerance comments state were measured so:
