@@ -16,6 +16,20 @@ cpu.setup(THREADS)  # the threads, and freed memory kept for the next large tens
 import pytest
 
 
+# The suite's files that take longest (seconds on 2 cores, 2026-11-28, .ci/run --durations), largest first. With
+# pytest-xdist's --dist loadfile each worker takes whole files, two to start and the next as one ends; its default
+# order is by number of tests, which left the 4-test, 280-s GPU rehearsal to start last, alone, while the other
+# worker idled. Largest first (then the rest in their usual order) lets the two workers finish together.
+SLOW_FIRST = ["test_smollm2.py", "test_bench.py", "test_gpu_check.py", "test_qwen.py", "test_train.py",
+              "test_checkpoint.py", "test_evaluate.py", "test_cli.py", "test_track.py", "test_compare.py",
+              "test_gpu_path.py", "test_models.py", "test_trl.py"]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))  # stable: the rest as before
+
+
 @pytest.fixture(autouse=True)
 def float32_unless_asked(monkeypatch):
     """--bf16's default follows the hardware (infra/models.bf16_default): the suite pins it to float32 so that every

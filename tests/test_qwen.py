@@ -26,7 +26,7 @@ import ktae
 import reward
 import sample
 import train
-from conftest import THREADS, alternating_grader, assert_close, checkpoint_reopens, greedy_equals_generate, oar_span
+from conftest import THREADS, alternating_grader, assert_close, greedy_equals_generate, oar_span
 from infra import fastpath, models
 
 NAME = "qwen2.5-coder-0.5b"
@@ -90,23 +90,18 @@ def test_one_rl_step_on_the_papers_prompt(qwen, monkeypatch, tmp_path, method):
     problems.write_text("".join(json.dumps(p) + "\n" for p in PROBLEMS))
     held.write_text(json.dumps({"question": "Sam has 10 apples and eats 3. How many are left?", "answer": "7"}) + "\n")
     run = str(tmp_path / "run")
-    # oar-g's run is whole (evaluations before and after, the checkpoint reopened below); ktae's takes its step alone:
-    # the evaluation and the 7.5 GB checkpoint (weights and AdamW's moments) are the same code for every method
-    whole = method == "oar-g"
+    # the step alone: the evaluation and the 7.5 GB checkpoint (weights and AdamW's moments) are the same code for
+    # every model and method, run whole and reopened on SmolLM2 (test_smollm2.py) and the tiny model (70 s here)
     train.main(["--model", NAME, "--dataset", str(problems), "--eval-dataset", str(held), "--method", method,
                 "--steps", "1", "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", str(NEW_TOKENS),
                 "--temperature", "0.7", "--lr", "1e-6", "--eval-batch-size", "2", "--run-dir", run,
-                "--threads", str(THREADS), *([] if whole else ["--no-final-eval", "--no-final-save"])])
+                "--threads", str(THREADS), "--no-final-eval", "--no-final-save"])
     records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     step = next(r for r in records if "accuracy" in r)
     assert 0 < step["accuracy"] < 1 and step["grad_norm"] > 0 and step["nonfinite_updates"] == 0
-    assert [r["step"] for r in records if "eval_accuracy" in r] == ([0, 1] if whole else [])
-    if not whole:
-        return
-    assert json.load(open(os.path.join(run, "run.json")))["args"]["oar_cue"] == data.OAR_CUE  # OAR's on a file
-    text = data.build_prompt(qwen[1], PROBLEMS[1]["question"]) + "3 x 4 = 12, so the answer is \\boxed{12}."
-    moved = checkpoint_reopens(os.path.join(run, "checkpoint"), *qwen, text)
-    assert 0 < moved < 1e-4, "one step at lr 1e-6 moves the weights a little"
+    assert not any("eval_accuracy" in r for r in records)
+    if method == "oar-g":  # OAR's cue on a problems file
+        assert json.load(open(os.path.join(run, "run.json")))["args"]["oar_cue"] == data.OAR_CUE
 
 
 def test_oar_spans_and_ktae_values_on_qwen_tokens(qwen):
