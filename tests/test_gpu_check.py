@@ -11,29 +11,32 @@ from test_train import ROOT
 from tools import gpu_check
 
 
+# the parts the suite rehearses; left out: machine, sampler and memory, which measure with bench's own parts that
+# tests/test_bench.py::test_the_gpu_table_on_the_cpu runs at small widths (64 of the rehearsal's 280 s on CI's CPU)
+REHEARSED = ["setup", "tests", "steps", "train"]
+
+
 def test_the_rehearsal_runs_every_part_and_brings_back_what_the_gpu_call_would(tmp_path):
     out = tmp_path / "out"
     # the tests part runs one test of tests/test_on_device.py (the suite runs them all) and the steps part two
     # methods (the four share step_rows): the rest as on the GPU. A slow CI machine gets a budget to match.
     r = subprocess.run(["bash", "tools/gpu_check.sh", "--device", "cpu", "--threads", str(THREADS), "--budget",
-                        "1500", "--cap-scale", "5", "--pytest-arg=-k", "--pytest-arg=greedy", "--methods", "grpo,oar-p"],
+                        "1500", "--cap-scale", "5", "--pytest-arg=-k", "--pytest-arg=greedy", "--methods", "grpo,oar-p",
+                        "--parts", ",".join(REHEARSED)],
                        cwd=ROOT, env={**os.environ, "OUT": str(out)}, capture_output=True, text=True, timeout=1800)
     log = (out / "gpu_check.log").read_text()
     assert r.returncode == 0, log[-3000:]
     report = json.loads((out / "gpu_check.json").read_text())
-    assert [p["name"] for p in report["parts"]] == [p.name for p in gpu_check.PARTS]
+    assert [p["name"] for p in report["parts"]] == REHEARSED
     assert all(p["status"] == "ok" for p in report["parts"]), [(p["name"], p["status"]) for p in report["parts"]]
-    for p in gpu_check.PARTS:
-        assert f"part {p.name}: start" in log and f"part {p.name}: end: ok" in log
+    for name in REHEARSED:
+        assert f"part {name}: start" in log and f"part {name}: end: ok" in log
     rows = {p["name"]: [row["what"] for row in p["rows"]] for p in report["parts"]}
     assert rows["tests"] == ["tests/test_on_device.py on cpu: passed / failed / skipped"]
     assert report["parts"][1]["rows"][0]["measured"] == "1 / 0 / 0"
-    assert any(w.startswith("bfloat16 matmul, train shape") for w in rows["machine"])
-    assert any(w.startswith("two-matmul attention") for w in rows["sampler"])
     assert [w.split(":")[0] for w in rows["steps"][:2]] == ["grpo", "oar-p*"]
-    mfu = next(row for row in report["parts"][4]["rows"] if "training MFU" in row["what"])
+    mfu = next(row for row in report["parts"][2]["rows"] if "training MFU" in row["what"])
     assert mfu["ratio"].endswith(" %") and float(mfu["ratio"][:-2]) > 0  # the groups mixed: a pass was timed
-    assert {w.split(":")[0] for w in rows["memory"]} == {"full-parameter", "LoRA rank 8"}
     for recipe in ("recipes/gpu-1.5b.yaml", "recipes/gpu-1.5b-lora.yaml"):
         assert f"{recipe}: a step, saved: steps [1]" in rows["train"]
         assert f"{recipe}: --resume, a second step: steps [1, 2]" in rows["train"]
