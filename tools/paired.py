@@ -151,7 +151,7 @@ def plot(out: str, runs: dict, rows_: list, baseline: str):
     import matplotlib.pyplot as plt
     n = len(rows_)
     cols = min(4, max(1, n))
-    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(3.2 * cols, 2.6 * ((n + cols - 1) // cols)),
+    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(max(3.2 * cols, 7), 2.6 * ((n + cols - 1) // cols) + 0.5),
                              sharex=True, sharey=True, squeeze=False)
     for ax, r in zip(axes.flat, rows_):
         for name, colour in ((baseline, "0.45"), (r["method"], "C0" if verdict(*r["d_step"][:2]) != "better"
@@ -159,7 +159,8 @@ def plot(out: str, runs: dict, rows_: list, baseline: str):
             steps, mean, low, high = band([evals(runs[name][s]) for s in r["seeds"]])
             ax.plot(steps, mean, color=colour, marker="o", markersize=3, label=name)
             ax.fill_between(steps, low, high, color=colour, alpha=0.2)
-        ax.set_title(f"{r['method']} ({len(r['seeds'])} seeds): {_ci(r['d_step'])}", fontsize=8)
+        ax.set_title(f"{r['method']} ({len(r['seeds'])} seed{'s' * (len(r['seeds']) > 1)}): {_ci(r['d_step'])}",
+                     fontsize=8)
         ax.legend(fontsize=7, loc="lower right", frameon=False)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[n:]:
@@ -168,8 +169,8 @@ def plot(out: str, runs: dict, rows_: list, baseline: str):
         ax.set_xlabel("step")
     for ax in axes[:, 0]:
         ax.set_ylabel("greedy held-out accuracy")
-    fig.suptitle(f"each method against {baseline}, paired by seed: mean and 95 % t-interval band over seeds; "
-                 f"title: the difference at the last step", fontsize=9)
+    fig.suptitle(f"each method against {baseline}, paired by seed: mean and 95 % t-interval band over seeds\n"
+                 f"panel title: the difference at the last step [interval]", fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "paired_curves.png"), dpi=110)
     plt.close(fig)
@@ -183,8 +184,8 @@ def plot(out: str, runs: dict, rows_: list, baseline: str):
                         color="C0" if key == "d_step" else "C1", capsize=3, label=label if i == 0 else None)
     ax.axvline(0, color="0.3", linewidth=1)
     ax.axvline(MARGIN, color="C2", linestyle="--", linewidth=1, label=f"+{MARGIN}: the margin stated beforehand")
-    ax.set_yticks(range(n), [f"{r['method']} ({len(r['seeds'])})" for r in rows_])
-    ax.invert_yaxis()
+    ax.set_yticks(range(n), [f"{r['method']} ({len(r['seeds'])} seed{'s' * (len(r['seeds']) > 1)})" for r in rows_])
+    ax.set_ylim(n - 0.5, -0.5)  # the first method on top, each row's two markers inside the axes
     ax.set_xlabel(f"accuracy minus {baseline}'s, same seed (95 % t-interval)")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
