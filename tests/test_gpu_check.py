@@ -11,9 +11,9 @@ from test_train import ROOT
 from tools import gpu_check
 
 
-# the parts the suite rehearses; left out: machine, sampler and memory, which measure with bench's own parts that
-# tests/test_bench.py::test_the_gpu_table_on_the_cpu runs at small widths (64 of the rehearsal's 280 s on CI's CPU)
-REHEARSED = ["setup", "tests", "steps", "train"]
+# the parts the suite rehearses (machine for the rate the steps part's MFU divides by); left out: sampler and memory,
+# which measure with bench's own parts that tests/test_bench.py::test_the_gpu_table_on_the_cpu runs at small widths
+REHEARSED = ["setup", "tests", "machine", "steps", "train"]
 
 
 def test_the_rehearsal_runs_every_part_and_brings_back_what_the_gpu_call_would(tmp_path):
@@ -34,8 +34,9 @@ def test_the_rehearsal_runs_every_part_and_brings_back_what_the_gpu_call_would(t
     rows = {p["name"]: [row["what"] for row in p["rows"]] for p in report["parts"]}
     assert rows["tests"] == ["tests/test_on_device.py on cpu: passed / failed / skipped"]
     assert report["parts"][1]["rows"][0]["measured"] == "1 / 0 / 0"
+    assert any(w.startswith("bfloat16 matmul, train shape") for w in rows["machine"])
     assert [w.split(":")[0] for w in rows["steps"][:2]] == ["grpo", "oar-p*"]
-    mfu = next(row for row in report["parts"][2]["rows"] if "training MFU" in row["what"])
+    mfu = next(row for row in report["parts"][3]["rows"] if "training MFU" in row["what"])
     assert mfu["ratio"].endswith(" %") and float(mfu["ratio"][:-2]) > 0  # the groups mixed: a pass was timed
     for recipe in ("recipes/gpu-1.5b.yaml", "recipes/gpu-1.5b-lora.yaml"):
         assert f"{recipe}: a step, saved: steps [1]" in rows["train"]
