@@ -53,6 +53,22 @@ def test_paired_rows_by_hand(tmp_path):
     assert paired.verdict(0.02, 0.001) == "not shown better"  # above 0 but under the margin
 
 
+def test_spearman_and_the_blame_table_by_hand(tmp_path):
+    assert paired.spearman([1, 2, 3], [3, 1, 2]) == pytest.approx(-0.5)  # ranks 0,1,2 vs 2,0,1: d^2 4+1+1 = 6
+    assert paired.spearman([0.9, 0.6, 0.7], [0.1, -0.2, 0.0]) == pytest.approx(1.0)
+    assert paired.ranks([0.3, 0.1, 0.3]) == [1.5, 0, 1.5]  # a tie shares the mean of ranks 1 and 2
+    for seed in (0, 1):
+        run(tmp_path, "grpo", seed, [0.2, 0.4, 0.5], 1.0)
+        run(tmp_path, "ktae", seed, [0.2, 0.4, 0.45], 1.0)
+    for m, auc in (("grpo", 0.5), ("ktae", 0.7)):
+        for seed in (0, 1):  # a credit_auc on step 1 only, 0.1 apart between seeds: means 0.65 and 0.75 for ktae
+            path = tmp_path / f"{m}-seed{seed}" / "metrics.jsonl"
+            path.write_text(path.read_text() + json.dumps({"step": 1, "credit_auc": auc + 0.1 * seed - 0.05 * (m == "ktae")}) + "\n")
+    (row,) = paired.rows(paired.finished(str(tmp_path)), "grpo", 0.5)
+    assert row["auc"][0] == pytest.approx(0.70)
+    assert "| ktae | 2 | 0.700 [" in paired.table([row], "grpo", 0.5)
+
+
 def test_write_makes_the_table_and_both_pictures(tmp_path, capsys):
     for seed in (0, 1):
         run(tmp_path, "grpo", seed, [0.2, 0.4, 0.5], 1.0)

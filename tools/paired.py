@@ -88,6 +88,37 @@ def finished(out: str) -> dict:
     return runs
 
 
+def run_mean(recs: list, key: str):
+    """The mean of key over a run's steps that logged it (the first-error AUC: toyworld/credit.py), or None."""
+    values = [r[key] for r in recs if r.get(key) is not None and r[key] == r[key]]
+    return statistics.mean(values) if values else None
+
+
+def ranks(v: list) -> list:
+    """Ranks from 0, tied values sharing their mean rank: ranks([0.3, 0.1, 0.3]) == [1.5, 0, 1.5]."""
+    order = sorted(range(len(v)), key=lambda i: v[i])
+    out = [0.0] * len(v)
+    k = 0
+    while k < len(order):
+        j = k
+        while j + 1 < len(order) and v[order[j + 1]] == v[order[k]]:
+            j += 1
+        for i in order[k:j + 1]:
+            out[i] = (k + j) / 2
+        k = j + 1
+    return out
+
+
+def spearman(x: list, y: list) -> float:
+    """Rank correlation: Pearson's over the ranks (ties share their mean rank). spearman([1, 2, 3], [3, 1, 2]):
+    ranks [0, 1, 2] and [2, 0, 1], deviations [-1, 0, 1] and [1, -1, 0]: -1 / 2 = -0.5."""
+    rx, ry = ranks(x), ranks(y)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return cov / var if var else float("nan")
+
+
 def verdict(mean: float, low: float) -> str:
     return "better" if low > 0 and mean >= MARGIN else "not shown better"
 
@@ -108,7 +139,9 @@ def rows(runs: dict, baseline: str, threshold: float) -> list:
                   - [r["eval_response_len"] for r in base[s] if "eval_response_len" in r][-1] for s in common]
         minutes = [seconds_to(seeds[s])[max(evals(seeds[s]))] / 60 for s in common]
         reach = [steps_to(seeds[s], threshold) for s in common]
+        blame = [run_mean(seeds[s], "credit_auc") for s in common]
         out.append(dict(method=method, seeds=common, step=max(last), accuracy=interval(acc),
+                        auc=interval(blame) if None not in blame else None,
                         base_accuracy=interval([evals(base[s])[max(evals(base[s]))] for s in common]),
                         d_step=interval(d_step), d_wall=interval(d_wall), d_length=interval(length),
                         minutes=statistics.mean(minutes), reach=reach))
@@ -132,6 +165,17 @@ def table(rows_: list, baseline: str, threshold: float) -> str:
                      f"{_ci(r['base_accuracy'], False)} | {_ci(r['d_step'])} | {verdict(*r['d_step'][:2])} | "
                      f"{_ci(r['d_wall'])} | {verdict(*r['d_wall'][:2])} | {_ci(r['d_length'])} | "
                      f"{r['minutes']:.1f} | {reach} |")
+    blamed = [r for r in rows_ if r["auc"] is not None]
+    if blamed:  # a synthetic task: how well each rule's blame found the first error, beside what it gained
+        lines += ["", "Blame against gain: each rule's first-error AUC (toyworld/credit.py; the mean over a run's "
+                  "steps, then over the seeds) beside its difference at equal steps.", "",
+                  "| method | seeds | first-error AUC | difference, equal steps |", "|---|---|---|---|"]
+        lines += [f"| {r['method']} | {len(r['seeds'])} | {_ci(r['auc'], False)} | {_ci(r['d_step'])} |"
+                  for r in sorted(blamed, key=lambda r: -r["auc"][0])]
+        if len(blamed) > 2:
+            rho = spearman([r["auc"][0] for r in blamed], [r["d_step"][0] for r in blamed])
+            lines += ["", f"Rank correlation (Spearman) of AUC and difference over the {len(blamed)} methods: "
+                          f"{rho:+.2f}."]
     return "\n".join(lines) + "\n"
 
 
