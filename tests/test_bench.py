@@ -24,7 +24,7 @@ def rows(table, part: str) -> list:
 
 def test_the_default_path_prints_every_part(base, capsys):
     # the tiny default, every part; TRL at a smaller size; the steps part for grpo and OAR-P, whose row differs (each
-    # method's step is train.py in its own process: all eleven took 130 of this test's 180 s; test_train.py runs each)
+    # method's step is train.py in its own process: all eleven made it 181 s, two 60 s; test_train.py runs each)
     table = bench.main(FEW + ["--trl", "--trl-prompts", "4", "--methods", "grpo,oar-p"])
     captured = capsys.readouterr()
     out = captured.out

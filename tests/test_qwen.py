@@ -80,7 +80,7 @@ def test_sampled_logprobs_equal_the_training_forward_with_and_without_shared_pro
     assert_close(shared * m, plain * m, rel=1e-4, what="shared prompts vs each row's own")
 
 
-@pytest.mark.parametrize("method", ["ktae"])  # OAR-G's step on a real model: test_smollm2.py (75 s more here)
+@pytest.mark.parametrize("method", ["ktae"])  # OAR-G's step on a real model: test_smollm2.py (79 s more here)
 def test_one_rl_step_on_the_papers_prompt(qwen, monkeypatch, tmp_path, method):
     # A 0.5B model answers these few problems all right or all wrong, and such groups have no advantage (G1):
     # grading every other rollout right (conftest) mixes every group, so every step updates (the real grader:
@@ -91,7 +91,7 @@ def test_one_rl_step_on_the_papers_prompt(qwen, monkeypatch, tmp_path, method):
     held.write_text(json.dumps({"question": "Sam has 10 apples and eats 3. How many are left?", "answer": "7"}) + "\n")
     run = str(tmp_path / "run")
     # the step alone: the evaluation and the 7.5 GB checkpoint (weights and AdamW's moments) are the same code for
-    # every model and method, run whole and reopened on SmolLM2 (test_smollm2.py) and the tiny model (70 s here)
+    # every model and method, run whole and reopened on SmolLM2 (test_smollm2.py) and the tiny model (33 s more here)
     train.main(["--model", NAME, "--dataset", str(problems), "--eval-dataset", str(held), "--method", method,
                 "--steps", "1", "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", str(NEW_TOKENS),
                 "--temperature", "0.7", "--lr", "1e-6", "--eval-batch-size", "2", "--run-dir", run,
