@@ -205,15 +205,16 @@ class Rule:
     # Whether the rule's values need the rollout's group (KTAE's K2 counts tokens over it): an answer made elsewhere,
     # with no group, is scored only by the rules that need none (tools/attribution.py --responses)
     needs_group: bool = False
-    # Whether the rule runs one forward of each rollout it scores without a gradient (SHEAR's hidden states, RLSD's
-    # teacher), --micro-batch-size rollouts at a time: the memory plan counts it in the advantage phase
-    forward_once: bool = False
+    # What the rule keeps of one forward of each rollout it scores, run without a gradient --micro-batch-size rollouts
+    # at a time: "hidden states" (SHEAR's, of every scored token) or "logits" (RLSD's teacher, its output layer a
+    # chunk at a time); None for no such forward. The memory plan counts that forward and what it keeps
+    forward_once: str = None
 
     @property
     def memory_phase(self):
-        """What the memory plan counts of the rule's own work: its scoring ("forward", "backward"), "once" for a
-        forward of each rollout, None for nothing (infra/memory.plan_settings)."""
-        return self.scoring or ("once" if self.forward_once else None)
+        """What the memory plan counts of the rule's own work: its scoring ("forward", "backward"), what its one
+        forward of each rollout keeps ("hidden states", "logits"), None for nothing (infra/memory.plan_settings)."""
+        return self.scoring or self.forward_once
 
 
 def _ktae_check(args):
@@ -270,10 +271,11 @@ RULES = {
                   check=_grail_check, reads_scores=False, scoring="backward",
                   heatmap=lambda adv, batch, mask, args: HeatMap("grail", "GRAIL weights", 1.0, 1.0),
                   blame=lambda adv, batch, mask, args: adv.values),
-    "shear": Rule(hidden_divergence, check=_shear_check, reads_scores=False, needs_group=True, forward_once=True,
+    "shear": Rule(hidden_divergence, check=_shear_check, reads_scores=False, needs_group=True,
+                  forward_once="hidden states",
                   heatmap=lambda adv, batch, mask, args: HeatMap("shear", "SHEAR weights", 1.0, 1.0),
                   blame=lambda adv, batch, mask, args: adv.values),
-    "rlsd": Rule(self_distilled, check=_rlsd_check, forward_once=True,
+    "rlsd": Rule(self_distilled, check=_rlsd_check, forward_once="logits",
                  heatmap=lambda adv, batch, mask, args: HeatMap("rlsd", "teacher evidence (log pi_T - log pi_old)",
                                                                 0.0, 1.0),
                  blame=lambda adv, batch, mask, args: -adv.values),

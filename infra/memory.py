@@ -162,7 +162,7 @@ def n_params(cfg) -> int:
 def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_new_tokens: int, micro_batch: int,
                 bf16: bool, grad_checkpointing: bool, beta: float, ref_on_cpu: bool, group_size: int = 1,
                 lora_rank: int = 0, lora_targets=lora.TARGETS, oar_chunk: int = 0, oar_gradient: bool = False,
-                chunk_tokens: int = None, first_step: bool = False, forward_once: bool = False):
+                chunk_tokens: int = None, first_step: bool = False, forward_once: str = None):
     """Bytes the RL step needs at its peak, phase by phase, as train.py runs it (memory.Peaks measures the same
     phases). Returns {phase: {item: bytes}}.
 
@@ -180,9 +180,10 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     Advantage (OAR only: oar_chunk rollouts a scoring forward): OAR scores in float32; OAR-G (oar_gradient) keeps
     the activations of each chunk for its backward to the embeddings; OAR-P keeps none (no gradient) but gathers,
     for its copies of the rows, each row's cache before the perturbed token (oar.perturbation_scores, share_rows).
-    Advantage (forward_once: SHEAR, RLSD): one forward of `micro_batch` rollouts without a gradient, float32: each
-    layer's transient work on their tokens, the hidden states SHEAR keeps of every scored rollout, and RLSD's output
-    layer a chunk at a time (the larger of the two counted for both).
+    Advantage (forward_once, methods.Rule.forward_once): one forward of `micro_batch` rollouts without a gradient,
+    float32: each layer's transient work on their tokens, and what the rule keeps: "hidden states" (SHEAR: the last
+    layer's state of every scored token of every rollout) or "logits" (RLSD's teacher: its output layer a chunk at a
+    time).
     Training forward of `micro_batch` rows: the activations autograd keeps, per token and layer about
     10 H + 2 kv + 4 I values (norm inputs, q/k/v, attention output, the MLP's gate, up, SiLU and product), a
     group's prompt once (sample.token_logprobs shares it), at 4 bytes each even under --bf16: autocast leaves the
@@ -244,10 +245,10 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
             **states, **autocast,
             f"the rule's forward, one layer's work: {min(micro_batch, rollouts)} rows x {seq} tokens (float32)":
                 min(micro_batch, rollouts) * seq * per_layer * 4,
-            f"its kept hidden states (SHEAR): {rollouts} rows x {max_new_tokens} tokens x {H} (float32)":
-                rollouts * max_new_tokens * H * 4,
-            f"its output layer (RLSD), {min(chunk_tokens, micro_batch * max_new_tokens)} tokens at a time":
-                min(chunk_tokens, micro_batch * max_new_tokens) * V * 3 * 4,
+            **({f"its kept hidden states: {rollouts} rows x {max_new_tokens} tokens x {H} (float32)":
+                rollouts * max_new_tokens * H * 4} if forward_once == "hidden states" else {}),
+            **({f"its output layer, {min(chunk_tokens, micro_batch * max_new_tokens)} tokens at a time":
+                min(chunk_tokens, micro_batch * max_new_tokens) * V * 3 * 4} if forward_once == "logits" else {}),
         }
     micro_batch = min(micro_batch, rollouts)  # a micro-batch holds at most the step's rollouts
     rows_prompts = min(micro_batch, max(1, rollouts // max(group_size, 1)))  # a micro-batch's distinct prompts
@@ -270,7 +271,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
 
 def plan_settings(args, prompt_len: int, scoring: str = None) -> dict:
     """memory_plan's settings from train.py's flags; scoring: how the token rule runs the policy itself
-    (methods.Rule.memory_phase: "forward", "backward", "once" or None)."""
+    (methods.Rule.memory_phase: "forward", "backward", "hidden states", "logits" or None)."""
     return dict(rollouts=args.prompts_per_step * args.group_size,
                 gen_rollouts=(args.gen_batch_size or args.prompts_per_step) * args.group_size,
                 prompt_len=prompt_len, max_new_tokens=args.max_new_tokens, micro_batch=args.micro_batch_size,
@@ -278,7 +279,8 @@ def plan_settings(args, prompt_len: int, scoring: str = None) -> dict:
                 ref_on_cpu=args.ref_on_cpu, group_size=args.group_size, lora_rank=args.lora_rank,
                 lora_targets=args.lora_targets.split(","),
                 oar_chunk=args.oar_chunk if scoring in ("forward", "backward") else 0,
-                oar_gradient=scoring == "backward", forward_once=scoring == "once")
+                oar_gradient=scoring == "backward",
+                forward_once=scoring if scoring in ("hidden states", "logits") else None)
 
 
 def available_bytes(device: str, asked_gib: float = None) -> int:

@@ -110,3 +110,18 @@ def test_the_memory_plan_counts_the_rules_own_forward(rule):
     plan = memory.memory_plan(models.load_config(args.model), **settings)
     without = memory.memory_plan(models.load_config(args.model), **{**settings, "forward_once": False})
     assert "advantage" in plan and "advantage" not in without  # GRPO's step has no such phase
+
+
+def test_each_rules_plan_counts_only_what_its_forward_keeps():
+    """SHEAR keeps hidden states, RLSD's teacher an output-layer chunk: each plan holds its own term, not the other's
+    (counting both over-planned SHEAR's advantage phase at 1.5B: 10.66 GiB planned, 7.45 measured, docs/gpu.md)."""
+    from infra import memory, models
+    args = training.parse_args(["--method", "shear"])  # the tiny model: H = 128, V = 28; 16 x 8 = 128 rollouts
+    cfg = models.load_config(args.model)
+    plans = {rule: memory.memory_plan(cfg, **memory.plan_settings(args, 16, methods.RULES[rule].memory_phase))
+             ["advantage"] for rule in ("shear", "rlsd")}
+    kept = {rule: {k: v for k, v in plan.items() if k.startswith("its ")} for rule, plan in plans.items()}
+    # SHEAR: 128 rows x 48 tokens x 128 x 4 bytes = 3,145,728
+    assert list(kept["shear"].values()) == [3_145_728] and "hidden states" in next(iter(kept["shear"]))
+    # RLSD: min(chunk, 64 rows x 48 tokens = 3072) tokens x 28 ids x 3 buffers x 4 bytes = 1,032,192
+    assert list(kept["rlsd"].values()) == [1_032_192] and "output layer" in next(iter(kept["rlsd"]))
