@@ -30,13 +30,24 @@ def test_compare_two_methods_writes_plots_and_a_table_from_the_metrics(base, tmp
         assert length == f"{evals[-1]['eval_response_len']:.3f} +- 0.000"
         # a step where every group agreed has no advantage and logs ess_ratio null, which the table leaves out
         assert float(ess) == round(statistics.mean(r["ess_ratio"] for r in recs if r.get("ess_ratio") is not None), 3)
-        assert float(minutes) == round(sum(r["time_step"] for r in recs if "time_step" in r) / 60, 1)
+        times = [r["time_step"] for r in recs if "time_step" in r]
+        assert float(minutes) == round(3 * statistics.median(times) / 60, 1)  # 3 steps at the run's median step
         for cell, key in zip((rank, hit1, hit3, auc), compare.CREDIT):  # one seed: the mean over its steps, std 0
             assert cell == f"{statistics.mean(r[key] for r in recs if key in r):.3f} +- 0.000"
         assert method != "grpo" or auc == "0.500 +- 0.000"  # GRPO blames every token alike
     capsys.readouterr()
     compare.main(args)  # everything finished: reused, nothing rerun
     assert "running" not in capsys.readouterr().out
+
+
+def test_minutes_in_steps_are_not_charged_for_a_paused_step():
+    """A run paused (kill -STOP) or sharing the CPU in one step: its four steps of 60, 60, 60 and 3600 s are 4 x the
+    median 60 s = 4.0 minutes, not the sum's 63.0 (the tiny comparison read 8.3 and 11.7 minutes for runs of 1.3-1.8)."""
+    recs = [{"step": 0, "eval_accuracy": 0.5, "eval_response_len": 10.0}]
+    recs += [{"step": s, "ess_ratio": 1.0, "time_step": t} for s, t in zip((1, 2, 3, 4), (60.0, 60.0, 60.0, 3600.0))]
+    recs += [{"step": 4, "eval_accuracy": 0.6, "eval_response_len": 10.0}]
+    row = compare.table({"grpo": [recs]}).splitlines()[2].split("|")
+    assert row[7].strip() == "4.0"
 
 
 def test_a_run_stopped_before_its_first_checkpoint_starts_over(base, tmp_path, capsys):

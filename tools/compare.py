@@ -211,9 +211,10 @@ def credit_columns(runs: list) -> list:
 
 
 def table(results: dict) -> str:
-    """results: {method: [records of each seed]} -> a Markdown table. Minutes are those spent in steps (sum of
-    time_step: sampling to optimizer step, evaluations left out), so a resumed run counts what it computed. The
-    last four columns: credit.py's attribution of the first error (synthetic tasks; nan elsewhere)."""
+    """results: {method: [records of each seed]} -> a Markdown table. Minutes are those spent in steps (time_step:
+    sampling to optimizer step, evaluations left out), counted at the run's median step (paired.seconds_to): a run
+    paused or sharing the CPU for a while is not charged for it, as a sum of its steps would be. The last four
+    columns: credit.py's attribution of the first error (synthetic tasks; nan elsewhere)."""
     lines = ["| method | seeds | greedy accuracy before | after (mean +- std) | response length after | "
              "ESS-ratio (last 20 steps) | minutes in steps per run | first-error rank | hit@1 | hit@3 | AUC |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -221,7 +222,8 @@ def table(results: dict) -> str:
         evals = [[r for r in recs if "eval_accuracy" in r] for recs in runs]
         after = [e[-1]["eval_accuracy"] for e in evals]
         steps = [[r for r in recs if "ess_ratio" in r][-20:] for recs in runs]
-        minutes = [sum(r["time_step"] for r in recs if "time_step" in r) / 60 for recs in runs]
+        minutes = [paired.seconds_to(recs)[max((r["step"] for r in recs if "time_step" in r), default=0)] / 60
+                   for recs in runs]
         ess = [r["ess_ratio"] for s in steps for r in s
                if r["ess_ratio"] is not None and r["ess_ratio"] == r["ess_ratio"]]
         ess = statistics.mean(ess) if ess else float("nan")  # null (NaN) on a step with no advantage at all
