@@ -126,6 +126,6 @@ def test_each_rules_plan_counts_only_what_its_forward_keeps():
     # RLSD: min(chunk, 64 rows x 48 tokens = 3072) tokens x 28 ids x 3 buffers x 4 bytes = 1,032,192
     assert list(kept["rlsd"].values()) == [1_032_192] and "output layer" in next(iter(kept["rlsd"]))
     # a step of fewer rollouts than a micro-batch: 8 rows x 48 tokens = 384 tokens x 28 x 3 x 4 = 129,024 (the plan
-    # took 64 rows' worth, and over-planned RLSD's advantage phase at 1.5B: 10.65 GiB planned, 8.34 measured)
+    # took 64 rows' worth, and over-planned RLSD's advantage phase at 1.5B: 10.66 GiB planned, 8.34 measured)
     few = memory.memory_plan(cfg, **{**memory.plan_settings(args, 16, "logits"), "rollouts": 8})["advantage"]
     assert [v for k, v in few.items() if k.startswith("its ")] == [129_024]
