@@ -40,17 +40,19 @@ def test_paired_rows_by_hand(tmp_path):
     k = rows["ktae"]
     assert k["seeds"] == [0, 1, 2]
     assert k["d_step"] == pytest.approx((0.11, 0.11 - 0.02484, 0.11 + 0.02484), abs=1e-4)
-    assert paired.verdict(*k["d_step"][:2]) == "better"
+    assert paired.verdict(*k["d_step"][:3]) == "better"
     # slow - grpo at step 2: [0.1, 0.1, 0.2], mean 0.1333, sd 0.0577, se 0.0333, +- 0.1434: lower end -0.0101
     s = rows["slow"]
     assert s["d_step"] == pytest.approx((0.13333, 0.13333 - 0.14343, 0.13333 + 0.14343), abs=1e-4)
-    assert paired.verdict(*s["d_step"][:2]) == "not shown better"
+    assert paired.verdict(*s["d_step"][:3]) == "not shown better"
     # grpo's 2 steps took 2 s; slow reached only step 1 by then (0.25): 0.25 - [0.5, 0.4, 0.6] = mean -0.25
     assert s["d_wall"][0] == pytest.approx(-0.25)
     assert k["d_wall"][0] == pytest.approx(0.11)  # the same speed: the same reading as at equal steps
     assert s["d_length"][0] == pytest.approx(2.0) and s["minutes"] == pytest.approx(4 / 60)
     assert k["reach"] == [2, 2, 2] and s["reach"] == [2, 2, 2] and rows["slow"]["step"] == 2
-    assert paired.verdict(0.02, 0.001) == "not shown better"  # above 0 but under the margin
+    assert paired.verdict(0.02, 0.001, 0.04) == "not shown better"  # above 0 but under the margin
+    assert paired.verdict(-0.123, -0.195, -0.050) == "worse"  # the whole interval below 0
+    assert paired.verdict(-0.031, -0.069, 0.007) == "not shown better"  # below 0 on average, the interval holds 0
 
 
 def test_spearman_and_the_blame_table_by_hand(tmp_path):
