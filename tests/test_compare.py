@@ -48,6 +48,11 @@ def test_minutes_in_steps_are_not_charged_for_a_paused_step():
     recs += [{"step": 4, "eval_accuracy": 0.6, "eval_response_len": 10.0}]
     row = compare.table({"grpo": [recs]}).splitlines()[2].split("|")
     assert row[7].strip() == "4.0"
+    # a run with no step timed (its metrics from before time_step) is left out of the mean, not counted as 0 minutes:
+    # (4.0 + nothing) / 1 = 4.0; with only such runs the column says n/a
+    untimed = [{k: v for k, v in r.items() if k != "time_step"} for r in recs]
+    assert compare.table({"grpo": [recs, untimed]}).splitlines()[2].split("|")[7].strip() == "4.0"
+    assert compare.table({"grpo": [untimed]}).splitlines()[2].split("|")[7].strip() == "n/a"
 
 
 def test_a_run_stopped_before_its_first_checkpoint_starts_over(base, tmp_path, capsys):

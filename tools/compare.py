@@ -222,8 +222,8 @@ def table(results: dict) -> str:
         evals = [[r for r in recs if "eval_accuracy" in r] for recs in runs]
         after = [e[-1]["eval_accuracy"] for e in evals]
         steps = [[r for r in recs if "ess_ratio" in r][-20:] for recs in runs]
-        minutes = [paired.seconds_to(recs)[max((r["step"] for r in recs if "time_step" in r), default=0)] / 60
-                   for recs in runs]
+        timed = [recs for recs in runs if any("time_step" in r for r in recs)]  # an untimed run has no minutes
+        minutes = [paired.seconds_to(recs)[max(r["step"] for r in recs if "time_step" in r)] / 60 for recs in timed]
         ess = [r["ess_ratio"] for s in steps for r in s
                if r["ess_ratio"] is not None and r["ess_ratio"] == r["ess_ratio"]]
         ess = statistics.mean(ess) if ess else float("nan")  # null (NaN) on a step with no advantage at all
@@ -231,7 +231,8 @@ def table(results: dict) -> str:
         lines.append(f"| {method} | {len(runs)} | {statistics.mean(e[0]['eval_accuracy'] for e in evals):.3f} | "
                      f"{statistics.mean(after):.3f} +- {std:.3f} | "
                      f"{mean_std([e[-1]['eval_response_len'] for e in evals])} | {ess:.3f} | "
-                     f"{statistics.mean(minutes):.1f} | {' | '.join(credit_columns(runs))} |")
+                     f"{f'{statistics.mean(minutes):.1f}' if minutes else 'n/a'} | "
+                     f"{' | '.join(credit_columns(runs))} |")
     return "\n".join(lines) + "\n"
 
 
