@@ -51,6 +51,16 @@ def test_paired_rows_by_hand(tmp_path):
     assert s["d_length"][0] == pytest.approx(2.0) and s["minutes"] == pytest.approx(4 / 60)
     assert k["reach"] == [2, 2, 2] and s["reach"] == [2, 2, 2] and rows["slow"]["step"] == 2
     assert paired.verdict(0.02, 0.001, 0.04) == "not shown better"  # above 0 but under the margin
+    # a method whose runs timed no step: equal steps as before (0.6 - 0.5 etc.), no wall-clock reading and no minutes
+    # (not 0 seconds, which would compare grpo's last evaluation with its step 0)
+    for seed, acc in enumerate((0.6, 0.52, 0.71)):
+        run(tmp_path, "untimed", seed, [0.2, 0.3, acc], 1.0)
+        d = tmp_path / f"untimed-seed{seed}" / "metrics.jsonl"
+        d.write_text("".join(line.replace(', "time_step": 1.0', "") + "\n" for line in d.read_text().splitlines()))
+    u = {r["method"]: r for r in paired.rows(paired.finished(str(tmp_path)), "grpo", 0.5)}["untimed"]
+    assert u["d_step"][0] == pytest.approx(0.11) and math.isnan(u["d_wall"][0]) and math.isnan(u["minutes"])
+    line = next(x for x in paired.table([u], "grpo", 0.5).splitlines() if x.startswith("| untimed"))
+    assert line.split("|")[7:9] == [" n/a ", " n/a "] and line.split("|")[10] == " n/a "
     assert paired.verdict(-0.123, -0.195, -0.050) == "worse"  # the whole interval below 0
     assert paired.verdict(-0.031, -0.069, 0.007) == "not shown better"  # below 0 on average, the interval holds 0
 

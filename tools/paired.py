@@ -122,6 +122,8 @@ def spearman(x: list, y: list) -> float:
 def verdict(mean: float, low: float, high: float) -> str:
     """The criterion stated before issue 62's runs; an interval wholly below 0 is said to be worse, not hidden among
     the "not shown better" (surprisal on the tiny world: -0.123 [-0.195, -0.050])."""
+    if mean != mean:  # no reading (a run with no step timed has no wall-clock)
+        return "n/a"
     if low > 0 and mean >= MARGIN:
         return "better"
     return "worse" if high < 0 else "not shown better"
@@ -137,11 +139,13 @@ def rows(runs: dict, baseline: str, threshold: float) -> list:
         last = [max(evals(seeds[s])) for s in common]
         acc = [evals(seeds[s])[step] for s, step in zip(common, last)]
         d_step = [a - evals(base[s])[step] for s, a, step in zip(common, acc, last)]
+        # a run with no step timed (metrics from before time_step) has no wall-clock: n/a, not 0 seconds
+        timed = all(any("time_step" in r for r in x) for s in common for x in (seeds[s], base[s]))
         d_wall = [accuracy_within(seeds[s], seconds_to(base[s])[max(evals(base[s]))])
-                  - evals(base[s])[max(evals(base[s]))] for s in common]
+                  - evals(base[s])[max(evals(base[s]))] for s in common] if timed else [math.nan]
         length = [[r["eval_response_len"] for r in seeds[s] if "eval_response_len" in r][-1]
                   - [r["eval_response_len"] for r in base[s] if "eval_response_len" in r][-1] for s in common]
-        minutes = [seconds_to(seeds[s])[max(evals(seeds[s]))] / 60 for s in common]
+        minutes = [seconds_to(seeds[s])[max(evals(seeds[s]))] / 60 for s in common] if timed else [math.nan]
         reach = [steps_to(seeds[s], threshold) for s in common]
         blame = [run_mean(seeds[s], "credit_auc") for s in common]
         out.append(dict(method=method, seeds=common, step=max(last), accuracy=interval(acc),
@@ -154,8 +158,14 @@ def rows(runs: dict, baseline: str, threshold: float) -> list:
 
 def _ci(m: tuple, sign: bool = True) -> str:
     mean, low, high = m
+    if mean != mean:
+        return "n/a"
     f = "{:+.3f}" if sign else "{:.3f}"
     return f.format(mean) + ("" if low != low else f" [{f.format(low)}, {f.format(high)}]")
+
+
+def _minutes(m: float) -> str:
+    return "n/a" if m != m else f"{m:.1f}"
 
 
 def table(rows_: list, baseline: str, threshold: float) -> str:
@@ -168,7 +178,7 @@ def table(rows_: list, baseline: str, threshold: float) -> str:
         lines.append(f"| {r['method']} | {len(r['seeds'])} | {_ci(r['accuracy'], False)} | "
                      f"{_ci(r['base_accuracy'], False)} | {_ci(r['d_step'])} | {verdict(*r['d_step'][:3])} | "
                      f"{_ci(r['d_wall'])} | {verdict(*r['d_wall'][:3])} | {_ci(r['d_length'])} | "
-                     f"{r['minutes']:.1f} | {reach} |")
+                     f"{_minutes(r['minutes'])} | {reach} |")
     blamed = [r for r in rows_ if r["auc"] is not None]
     if blamed:  # a synthetic task: how well each rule's blame found the first error, beside what it gained
         lines += ["", "Blame against gain: each rule's first-error AUC (toyworld/credit.py; the mean over a run's "
