@@ -149,6 +149,20 @@ def test_a_kill_while_done_json_is_written_leaves_none(tmp_path, monkeypatch):
     assert not (tmp_path / "cmp" / "grpo-seed0" / "done.json").exists()
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_finished_runs_checkpoint_is_deleted_unless_kept(tmp_path, monkeypatch, keep):
+    # done.json holds what the tables need; the checkpoints (3 GB a SmolLM2 run) go, unless --keep-checkpoints
+    fake_train(tmp_path, monkeypatch)
+    out = tmp_path / "cmp"
+    finished_run(out / "grpo-seed0")  # as train.py leaves it: checkpoint/ and the older checkpoint.prev/
+    (out / "grpo-seed0" / "checkpoint.prev").mkdir()
+    compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(out)]
+                 + ["--keep-checkpoints"] * keep)
+    run = out / "grpo-seed0"
+    assert (run / "done.json").exists() and (run / "metrics.jsonl").exists()
+    assert (run / "checkpoint").exists() == keep and (run / "checkpoint.prev").exists() == keep
+
+
 def test_an_unreadable_done_json_reruns_its_run(tmp_path, monkeypatch, capsys):
     fake_train(tmp_path, monkeypatch)
     out = tmp_path / "cmp"

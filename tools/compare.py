@@ -12,7 +12,8 @@ Each run is `python /path/to/train.py --method M --seed S --run-dir OUT/M-seedS`
 problems drawn and the sampling RNG, so every method sees the same problems at the same step (DAPO's extra
 rounds of dynamic sampling draw further problems, so its batches drift from the others'). A run that already
 finished is reused, one that was interrupted resumes from its checkpoint, and one stopped before its first
-checkpoint starts over (train.py --overwrite), so a stopped comparison picks up where it was. Then OUT holds:
+checkpoint starts over (train.py --overwrite), so a stopped comparison picks up where it was. A finished run's
+checkpoint is deleted (--keep-checkpoints keeps it). Then OUT holds:
     accuracy.png reward.png length.png entropy.png ess.png   a line per method (mean over seeds), min-max band
     credit_auc.png credit_hit1.png credit_hit3.png credit_rank.png
                                                              how well the rule's blame points at a wrong rollout's
@@ -163,6 +164,9 @@ def run_one(method, seed, args):
     with open(tmp, "w") as f:
         json.dump({"method": method, "seed": seed, "steps": args.steps, "flags": flags}, f)
     os.replace(tmp, done_path)
+    if not args.keep_checkpoints:  # done.json first: a kill between the two leaves a finished run, not a lost one
+        for d in ("checkpoint", "checkpoint.prev", "checkpoint.tmp"):  # 3 GB a SmolLM2 run: 55 of them fill a disk
+            shutil.rmtree(os.path.join(run_dir, d), ignore_errors=True)
     return checkpoint.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
 
 
@@ -254,6 +258,9 @@ def main(argv=None):
                    help="start every run over (train.py --overwrite) in an OUT made with other settings")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time, each its own process (default: %(default)s; "
                                                        "on 2 cores: --jobs 2 --threads 1)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep each finished run's checkpoint (by default it is deleted once the run's done.json is "
+                        "written: the tables need only the metrics, and a SmolLM2 run's checkpoint takes about 3 GB)")
     p.add_argument("train_args", nargs="*", help="more train.py flags, after --, e.g. -- --lr 1e-4")
     args = p.parse_args(argv)
     chosen, seeds = args.methods.split(","), parse_seeds(p, args.seeds)
