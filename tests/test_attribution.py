@@ -228,6 +228,54 @@ def test_groups_drawn_in_blocks_are_drawn_again_when_a_killed_run_resumes(base, 
     assert open(out / "rollouts.jsonl").read().splitlines() == whole
 
 
+def test_a_block_killed_while_bisecting_continues_from_its_last_round(base, tmp_path, monkeypatch):
+    # one block of 4 problems; a run killed in its bisection, after some rounds were kept in OUT/block.pt, resumes
+    # without drawing the groups, v(question) or the kept rounds again, and writes the lines of the run never stopped
+    # (the random state kept with each round); a save that cannot be read is said and the block drawn whole
+    flags = ["--model", "tiny", "--dataset", "tiny", "--limit", "4", "--n", "2", "--threads", str(THREADS),
+             "--rules", "none", "--group-batch", "4"]
+    calls = {"values": 0, "groups": 0, "saved": 0}
+    values, groups, save = attribution.World.values, attribution.sample_groups, attribution.Progress.save
+    kill_at = [None]
+
+    def counted_values(self, prompts, prefixes):
+        calls["values"] += 1
+        if calls["values"] == kill_at[0]:
+            raise KeyboardInterrupt
+        return values(self, prompts, prefixes)
+
+    def counted_groups(*a):
+        calls["groups"] += 1
+        return groups(*a)
+    def counted_save(self, **parts):
+        calls["saved"] = calls["values"]  # the sampling calls the save holds
+        save(self, **parts)
+    monkeypatch.setattr(attribution.World, "values", counted_values)
+    monkeypatch.setattr(attribution, "sample_groups", counted_groups)
+    monkeypatch.setattr(attribution.Progress, "save", counted_save)
+    attribution.main(flags + ["--out", str(tmp_path / "whole")])
+    whole, every = (tmp_path / "whole" / "rollouts.jsonl").read_text(), calls["values"]
+    assert every >= 4 and not (tmp_path / "whole" / "block.pt").exists()  # v(question), then rounds
+    out = tmp_path / "killed"
+    kill_at[0], calls["values"], calls["groups"] = every - 1, 0, 0
+    with pytest.raises(KeyboardInterrupt):
+        attribution.main(flags + ["--out", str(out)])
+    saved, kept = torch.load(out / "block.pt", weights_only=True), calls["saved"]
+    assert saved["block"] == [0, 4] and {"groups", "v0", "tests", "rng"} <= set(saved) and 1 < kept < every - 1
+    assert not (out / "rollouts.jsonl").read_text()  # nothing of the block written yet
+    kill_at[0], calls["values"], calls["groups"] = None, 0, 0
+    attribution.main(flags + ["--out", str(out)])
+    assert (out / "rollouts.jsonl").read_text() == whole
+    assert calls["groups"] == 0 and calls["values"] == every - kept  # only what the save did not hold
+    assert not (out / "block.pt").exists()
+    # a save that is not one: said, and the block drawn whole
+    (out / "rollouts.jsonl").write_text("")
+    (out / "block.pt").write_bytes(b"cut short")
+    calls["values"] = 0
+    attribution.main(flags + ["--out", str(out)])
+    assert (out / "rollouts.jsonl").read_text() == whole and calls["values"] == every
+
+
 def test_rescore_adds_a_rule_to_the_located_lines_as_a_run_with_it_would_have(base, tmp_path, capsys):
     # A run scoring none and grail; its lines with grail taken out, then --rescore with grail again: the groups
     # drawn again give the lines of the first run exactly, nothing located again. Lines that are not what their

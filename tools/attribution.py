@@ -16,10 +16,11 @@ rule, GRPO: chance), position (later steps more) and surprisal (-log p of the sa
 tasks the exact first error (toyworld/credit.py) is scored too, side by side.
 
 OUT (--out, default runs/attribution-MODEL-DATASET) holds rollouts.jsonl (a line per located rollout and one per
-problem, written when the problem's block is done: a killed run continues from the last whole block, run with the
-same --limit and --group-batch, and the table can be recomputed from it), table.md (the printed table: per rule and
-aggregation hit@1, hit@3, AUC and mean rank with 95 % bootstrap intervals over rollouts), auc.png, and
-rollouts.html (the first wrong step marked, each rule's step blame coloured).
+problem, written when the problem's block is done, and the table can be recomputed from it), block.pt (the block
+under way: its groups, v(question) and every round of probes so far; a killed run, rerun with the same --limit and
+--group-batch, continues from its last round: Progress), table.md (the printed table: per rule and aggregation
+hit@1, hit@3, AUC and mean rank with 95 % bootstrap intervals over rollouts), auc.png, and rollouts.html (the first
+wrong step marked, each rule's step blame coloured).
 --responses FILE takes answers made elsewhere instead of sampling (JSON lines of question, answer, response): they
 have no group, so only the rules that need none (methods.Rule.needs_group) score them.
 """
@@ -48,7 +49,8 @@ from toyworld import credit
 HOWS = ("max", "mean")  # F4's aggregations
 BASELINES = ("position", "surprisal")  # beside the rules; uniform blame is the rule "none"
 METRICS = ("hit1", "hit3", "auc", "rank")  # toyworld/credit.attribution's, at the level of steps
-WRITTEN = ("rollouts.jsonl", "table.md", "auc.png", "rollouts.html")  # what --overwrite deletes of OUT
+PROGRESS = "block.pt"  # the work so far of the block under way (Progress)
+WRITTEN = ("rollouts.jsonl", "table.md", "auc.png", "rollouts.html", PROGRESS)  # what --overwrite deletes of OUT
 
 
 def parser() -> argparse.ArgumentParser:
@@ -92,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
                    help="problems taken as one block: their groups sampled in one call (G x this many rows), then "
                         "the v of their questions and every bisection's probes in shared batches (most groups of a "
                         "weak model do not mix, and one problem's few probes use the machine poorly); 1: each alone. "
-                        "A resumed run draws a half-written block again whole")
+                        "A resumed run continues a killed block from its last round of probes (OUT/block.pt)")
     p.add_argument("--per-problem", type=int, default=0,
                    help="locate at most this many wrong rollouts of a group (0: all; the rules score the whole group "
                         "either way): more problems for the same cost")
@@ -213,16 +215,79 @@ def scores(blame: dict, spans: list, step: int) -> dict:
             for rule, b in blame.items()}
 
 
-def locate(world: World, wrong: list) -> list:
+def locate(world: World, wrong: list, progress=None) -> list:
     """F3 for wrong responses, each (prompt, gold, response token ids with EOS left out, v0), of one problem or of
-    several: their Locate objects, located, every unfinished search probed in one round of batches."""
+    several: their Locate objects, located, every unfinished search probed in one round of batches. progress (a
+    Progress): the probes of a killed run are told again first, and each round's are kept."""
     spans = [epicprm.steps(world.piece_list(r)) for _, _, r, _ in wrong]
     locs = [epicprm.Locate(s, v0 / 2, world.args.refine) for s, (_, _, _, v0) in zip(spans, wrong)]
+    if progress is not None:
+        progress.replay(locs)
     a = world.args
     epicprm.locate_all(locs, lambda idx, lengths: world.values([wrong[i][:2] for i in idx],
                                                                 [wrong[i][2][:n] for i, n in zip(idx, lengths)]),
-                       a.n, a.n_max, a.alpha)
+                       a.n, a.n_max, a.alpha, on_round=progress and (lambda: progress.save(tests=[
+                           [list(t) for t in loc.tests] for loc in locs])))
     return locs
+
+
+class Progress:
+    """The work so far of the block under way, kept in OUT/block.pt so that a killed run loses at most one round of
+    probes, not the block: on Qwen2.5-Coder-0.5B on a 2-core host without AVX512 a block of 8 problems took over two
+    hours, and the 1.5B's would outlast a session (docs/LOG.md, 2026-11-28 and 2026-11-29). Saved after the block's
+    groups are drawn, after v(question), and after each round of the bisection (epicprm.locate_all's on_round), each
+    time with the random state, so a resumed block draws what a run never stopped would have drawn (on the same
+    machine and --threads); written aside and then renamed, so a kill while saving leaves the last whole save.
+    A save of another block (other --limit, or a block already written) is not used."""
+
+    def __init__(self, out: str, block: range):
+        self.path, self.key = os.path.join(out, PROGRESS), [block[0], block[-1] + 1]
+        self.state = {"block": self.key}
+        if os.path.exists(self.path):
+            try:
+                saved = torch.load(self.path, weights_only=True)
+            except Exception as e:  # noqa: BLE001 (not a save of ours: the block is drawn again)
+                print(f"{self.path}: unreadable ({type(e).__name__}), block {self.key} drawn again whole",
+                      file=sys.stderr)
+                saved = None
+            if isinstance(saved, dict) and saved.get("block") == self.key:
+                self.state = saved
+                print(f"block of problems {self.key[0]}-{self.key[1] - 1} continued from {self.path}: "
+                      + ", ".join(k for k in ("groups", "v0", "tests") if k in saved))
+
+    def get(self, name: str):
+        return self.state.get(name)
+
+    def save(self, **parts):
+        self.state.update(parts, rng=torch.get_rng_state())
+        if torch.cuda.is_available():  # a GPU's sampler draws from its own generator
+            self.state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        torch.save(self.state, self.path + ".tmp")
+        os.replace(self.path + ".tmp", self.path)
+
+    def resume_random(self):
+        """The random state of the last save: where a run never stopped would be now."""
+        torch.set_rng_state(self.state["rng"])
+        if torch.cuda.is_available() and "cuda_rng" in self.state:
+            torch.cuda.set_rng_state_all(self.state["cuda_rng"])
+
+    def replay(self, locs: list):
+        """Tell each search (Locate, new) the probes the killed run made, in order: the search then stands where
+        that run's stood. A saved probe that is not the one the search asks for (a save of other code) is a
+        mistake of the save: every search then starts over, said in one line."""
+        saved = self.state.get("tests") or []
+        for loc, tests in zip(locs, saved):
+            for length, v, draws, _ in tests:
+                if len(saved) != len(locs) or loc.done() or loc.probe() != length:
+                    print(f"{self.path}: its probes are not this block's searches; searched again from the start",
+                          file=sys.stderr)
+                    locs[:] = [epicprm.Locate(x.spans, x.threshold, x.refine) for x in locs]
+                    return
+                loc.tell(round(v * draws), draws)
+
+    def done(self):
+        if os.path.exists(self.path):
+            os.remove(self.path)
 
 
 def record(world: World, i: int, j: int, problem: dict, ids: list, loc, v0: float, blame: dict, exact) -> dict:
@@ -287,10 +352,10 @@ def sample_groups(world: World, first: int, problems: list) -> dict:
     return out
 
 
-def run_block(world: World, first: int, groups: dict, write, scored: dict):
+def run_block(world: World, first: int, groups: dict, write, scored: dict, progress: Progress = None):
     """Locate and score the groups (sample_groups) of a block of problems; write each problem's lines, the block's
-    problems in order, once the whole block is done (a killed block runs again whole, drawing the same numbers
-    when --limit and --group-batch are those of the killed run).
+    problems in order, once the whole block is done (a killed block continues from its progress, drawing the same
+    numbers when --limit and --group-batch are those of the killed run).
     The v of every mixed problem's question runs in one round of batches, then every wrong rollout's bisection
     (F3): a block of K problems fills the sampler's batches where one problem's two or three searches would not."""
     a = world.args
@@ -307,10 +372,16 @@ def run_block(world: World, first: int, groups: dict, write, scored: dict):
         short = [j for j in wrong if j not in cut and len(epicprm.steps(world.piece_list(responses[j]))) < 2]
         line.update(mixed=True, wrong=len(wrong), truncated=len(cut), one_step=len(short))
         todo[i] = [j for j in wrong if j not in cut + short][:a.per_problem or None]
-    torch.manual_seed(a.seed * 100_003 + first + 1)
     mixed = [i for i in groups if lines[i]["mixed"]]
-    world.say(f"v(question) of {len(mixed)} mixed groups")
-    v0s = world.values([(groups[i][0], world.problems[i]["answer"]) for i in mixed], [[]] * len(mixed))
+    v0s = progress and progress.get("v0")
+    if v0s is None:
+        torch.manual_seed(a.seed * 100_003 + first + 1)
+        world.say(f"v(question) of {len(mixed)} mixed groups")
+        v0s = world.values([(groups[i][0], world.problems[i]["answer"]) for i in mixed], [[]] * len(mixed))
+        if progress:
+            progress.save(v0=v0s)
+    elif progress:
+        progress.resume_random()
     for i, v0 in zip(mixed, v0s):  # v0 = 0: the model cannot solve it from the question alone, nothing to locate
         lines[i]["v0"] = v0
         if v0 == 0:
@@ -318,7 +389,7 @@ def run_block(world: World, first: int, groups: dict, write, scored: dict):
     wrong = [(i, j) for i in mixed for j in todo[i]]
     world.say(f"bisecting {len(wrong)} wrong rollouts")
     locs = dict(zip(wrong, locate(world, [(groups[i][0], world.problems[i]["answer"], groups[i][2][j],
-                                           lines[i]["v0"]) for i, j in wrong])))
+                                           lines[i]["v0"]) for i, j in wrong], progress)))
     for i in groups:
         if todo.get(i):
             world.say(f"scoring problem {i}")
@@ -650,6 +721,14 @@ def main(argv=None):
     # OUT's lines all made with these settings, by one process at a time (infra/outfolder.py): held to the end
     lock = outfolder.claim(out, settings(args), args.overwrite,
                            os.path.isfile(path) and os.path.getsize(path) > 0, clear=WRITTEN)
+    try:  # however the run ends (a KeyboardInterrupt in a notebook), OUT is let go
+        run(args, ds, out, path, problems, argv)
+    finally:
+        lock.close()
+
+
+def run(args, ds, out: str, path: str, problems: list, argv):
+    """main's work once OUT is claimed: locate what is not done yet, then the report."""
     check_lines(path)
     world = World(args)
     for q in problems:
@@ -659,7 +738,7 @@ def main(argv=None):
     blocks = [range(f, min(f + K, len(problems))) for f in range(0, len(problems), K)]
     done_lines = read_lines(path)
     done = {x["problem"] for x in done_lines if x.get("done")}
-    done = {i for b in blocks if all(i in done for i in b) for i in b}  # a block half written runs again whole
+    done = {i for b in blocks if all(i in done for i in b) for i in b}  # a half-written block: Progress
     beyond = [x for x in done_lines if x["problem"] >= len(problems)]  # a larger --limit's: kept, not reported
     if args.rescore:  # every line kept: those of blocks not whole under this --limit are left as they are
         rescore(world, path, done_lines, [b for b in blocks if b[0] in done])
@@ -690,12 +769,19 @@ def main(argv=None):
             if args.responses:
                 write(run_given(world, block[0], problems[block[0]], write, scored))
             else:
-                world.say(f"sampling the groups of {len(block)} problem" + "s" * (len(block) > 1))
-                run_block(world, block[0], sample_groups(world, block[0], [problems[i] for i in block]), write,
-                          scored)
+                progress = Progress(out, block)
+                groups = progress.get("groups")
+                if groups is None:
+                    world.say(f"sampling the groups of {len(block)} problem" + "s" * (len(block) > 1))
+                    groups = sample_groups(world, block[0], [problems[i] for i in block])
+                    progress.save(groups=groups)
+                run_block(world, block[0], groups, write, scored, progress)
+                progress.done()
             bar.update(len(block))
             located = sum(1 for x in read_lines(path) if "rollout" in x)
             world.say("")
+    if not args.rescore and os.path.exists(os.path.join(out, PROGRESS)):  # every block is written now: a save
+        os.remove(os.path.join(out, PROGRESS))  # left by a kill just after its block's lines is of no use
     lines = [x for x in read_lines(path) if x["problem"] < len(problems)]
     text = report(out, lines, world.task is not None, time.time() - t0 if todo else None, located - before)
     with open(os.path.join(out, "table.md"), "w") as f:
@@ -704,7 +790,6 @@ def main(argv=None):
     located = [x for x in lines if "rollout" in x]  # report's figures: the page of every located, the AUCs of the sure
     figures = (", auc.png" if any(confident(x) for x in located) else "") + (", rollouts.html" if located else "")
     print(f"wrote {out}/rollouts.jsonl, table.md{figures}")
-    lock.close()
 
 
 def short_name(name: str) -> str:
