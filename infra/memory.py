@@ -192,6 +192,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     layer runs `chunk_tokens` tokens at a time (logit_chunk_tokens of the vocabulary by default): logits, softmax
     and their gradient in float32.
     """
+    micro_batch = min(micro_batch, rollouts)  # a micro-batch holds at most the step's rollouts (the default 64 more)
     n = parameters(cfg, lora_rank, lora_targets)
     N = sum(v for k, v in n.items() if k != "adapters")
     H, I, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers
@@ -241,17 +242,16 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
             plan["advantage"]["float32 copy of the bf16 output layer, while used"] = 4 * n["output layer"]
     if forward_once:
         seq = prompt_len + max_new_tokens + 16  # RLSD's privileged prompt is a few tokens longer
-        teacher_chunk = min(chunk_tokens, min(micro_batch, rollouts) * max_new_tokens)  # a forward's tokens at most
+        teacher_chunk = min(chunk_tokens, micro_batch * max_new_tokens)  # a forward's tokens at most
         plan["advantage"] = {
             **states, **autocast,
-            f"the rule's forward, one layer's work: {min(micro_batch, rollouts)} rows x {seq} tokens (float32)":
-                min(micro_batch, rollouts) * seq * per_layer * 4,
+            f"the rule's forward, one layer's work: {micro_batch} rows x {seq} tokens (float32)":
+                micro_batch * seq * per_layer * 4,
             **({f"its kept hidden states: {rollouts} rows x {max_new_tokens} tokens x {H} (float32)":
                 rollouts * max_new_tokens * H * 4} if forward_once == "hidden states" else {}),
             **({f"its output layer, {teacher_chunk} tokens at a time": teacher_chunk * V * 3 * 4}
                if forward_once == "logits" else {}),
         }
-    micro_batch = min(micro_batch, rollouts)  # a micro-batch holds at most the step's rollouts
     rows_prompts = min(micro_batch, max(1, rollouts // max(group_size, 1)))  # a micro-batch's distinct prompts
     tokens = micro_batch * max_new_tokens + (micro_batch if grad_checkpointing else rows_prompts) * prompt_len
     activations = tokens * 4 * (L * H + per_layer if grad_checkpointing else L * per_layer)

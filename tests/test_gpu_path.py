@@ -159,3 +159,14 @@ def test_oar_on_a_bf16_lora_base_plans_the_float32_copy_of_an_untied_output_laye
     advantage = memory.memory_plan(cfg, **settings)["advantage"]
     copy = advantage.get("float32 copy of the bf16 output layer, while used", 0)
     assert copy == (0 if tied else 151_936 * 1536 * 4)
+
+
+def test_a_micro_batch_larger_than_the_step_plans_the_steps_rollouts_alone():
+    # --micro-batch-size 64 (the default) with 2 prompts x 4 rollouts: every phase holds 8 rows, so the output
+    # layer's chunk is 8 x 32 = 256 tokens (of at most 512 a chunk here), not 64 x 32 = 2048 cut to 512
+    cfg = Qwen2Config(num_hidden_layers=2, **QWEN15)
+    settings = dict(rollouts=8, gen_rollouts=8, prompt_len=128, max_new_tokens=32, bf16=False,
+                    grad_checkpointing=False, beta=0.0, ref_on_cpu=False, group_size=4, chunk_tokens=512)
+    assert memory.memory_plan(cfg, micro_batch=64, **settings) == memory.memory_plan(cfg, micro_batch=8, **settings)
+    training = memory.memory_plan(cfg, micro_batch=64, **settings)["training forward and backward"]
+    assert training["output layer, 256 tokens at a time"] == 256 * 151_936 * (3 * 4 + 4)
