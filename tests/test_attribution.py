@@ -276,6 +276,36 @@ def test_a_block_killed_while_bisecting_continues_from_its_last_round(base, tmp_
     assert (out / "rollouts.jsonl").read_text() == whole and calls["values"] == every
 
 
+def test_a_given_answer_killed_while_bisecting_continues_from_its_last_round(base, tmp_path, monkeypatch):
+    # --responses: one wrong answer of four steps, killed before its last sampling call, resumes from its kept
+    # v(question) and rounds and writes what the run never stopped wrote
+    path = given(tmp_path / "given.jsonl", [("1+8-3+8", "14", "1+8=9\n9-3=6\n6+8=15\n\\boxed{15}")])
+    flags = ["--model", "tiny", "--dataset", "tiny", "--responses", str(path), "--n", "4", "--threads", str(THREADS),
+             "--rules", "none"]
+    calls, values, rng = {"values": 0, "kill": None}, attribution.World.values, []  # rng: the state at each call
+
+    def counted_values(self, prompts, prefixes):
+        calls["values"] += 1
+        rng.append(torch.get_rng_state())
+        if calls["values"] == calls["kill"]:
+            raise KeyboardInterrupt
+        return values(self, prompts, prefixes)
+    monkeypatch.setattr(attribution.World, "values", counted_values)
+    attribution.main(flags + ["--out", str(tmp_path / "whole")])
+    whole, every, drawn = (tmp_path / "whole" / "rollouts.jsonl").read_text(), calls["values"], list(rng)
+    assert every >= 3 and '"rollout": 0' in whole  # v(question), then at least two rounds: located
+    calls.update(values=0, kill=every)
+    with pytest.raises(KeyboardInterrupt):
+        attribution.main(flags + ["--out", str(tmp_path / "killed")])
+    assert "tests" in torch.load(tmp_path / "killed" / "block.pt", weights_only=True)
+    calls.update(values=0, kill=None)
+    rng.clear()
+    attribution.main(flags + ["--out", str(tmp_path / "killed")])
+    assert (tmp_path / "killed" / "rollouts.jsonl").read_text() == whole and calls["values"] < every - 1
+    # each call drew from the random state of the same call in the run never stopped
+    assert all(torch.equal(a, b) for a, b in zip(rng, drawn[-len(rng):]))
+
+
 def test_rescore_adds_a_rule_to_the_located_lines_as_a_run_with_it_would_have(base, tmp_path, capsys):
     # A run scoring none and grail; its lines with grail taken out, then --rescore with grail again: the groups
     # drawn again give the lines of the first run exactly, nothing located again. Lines that are not what their

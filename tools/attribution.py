@@ -235,10 +235,11 @@ class Progress:
     """The work so far of the block under way, kept in OUT/block.pt so that a killed run loses at most one round of
     probes, not the block: on Qwen2.5-Coder-0.5B on a 2-core host without AVX512 a block of 8 problems took over two
     hours, and the 1.5B's would outlast a session (docs/LOG.md, 2026-11-28 and 2026-11-29). Saved after the block's
-    groups are drawn, after v(question), and after each round of the bisection (epicprm.locate_all's on_round), each
-    time with the random state, so a resumed block draws what a run never stopped would have drawn (on the same
-    machine and --threads); written aside and then renamed, so a kill while saving leaves the last whole save.
-    A save of another block (other --limit, or a block already written) is not used."""
+    groups are drawn (--responses: a block is one given answer, none drawn), after v(question), and after each round
+    of the bisection (epicprm.locate_all's on_round), each time with the random state, so a resumed block draws
+    what a run never stopped would have drawn (on the same machine and --threads); written aside and then renamed,
+    so a kill while saving leaves the last whole save. A save of another block (other --limit, or a block already
+    written) is not used."""
 
     def __init__(self, out: str, block: range):
         self.path, self.key = os.path.join(out, PROGRESS), [block[0], block[-1] + 1]
@@ -766,17 +767,17 @@ def run(args, ds, out: str, path: str, problems: list, argv):
         located = before = sum(1 for x in read_lines(path) if "rollout" in x)
         world.say = lambda what: bar.set_postfix_str(f"located={located}" + (f", {what}" if what else ""))
         for block in todo:
+            progress = Progress(out, block)
             if args.responses:
-                write(run_given(world, block[0], problems[block[0]], write, scored))
+                write(run_given(world, block[0], problems[block[0]], write, scored, progress))
             else:
-                progress = Progress(out, block)
                 groups = progress.get("groups")
                 if groups is None:
                     world.say(f"sampling the groups of {len(block)} problem" + "s" * (len(block) > 1))
                     groups = sample_groups(world, block[0], [problems[i] for i in block])
                     progress.save(groups=groups)
                 run_block(world, block[0], groups, write, scored, progress)
-                progress.done()
+            progress.done()
             bar.update(len(block))
             located = sum(1 for x in read_lines(path) if "rollout" in x)
             world.say("")
@@ -860,9 +861,10 @@ def given_fields(line: str):
     return None, got
 
 
-def run_given(world: World, i: int, problem: dict, write, scored: dict) -> dict:
+def run_given(world: World, i: int, problem: dict, write, scored: dict, progress: Progress = None) -> dict:
     """--responses: locate the given answer's first wrong step, and score it by the rules that need no group: the
-    answer paired with a right one ("\\boxed{gold}") so that its advantage is negative, as in a mixed group."""
+    answer paired with a right one ("\\boxed{gold}") so that its advantage is negative, as in a mixed group. A
+    killed run continues from progress (its v(question) and rounds of probes), as a block of sampled groups does."""
     a = world.args
     prompt = world.tok(problem["prompt"])["input_ids"]
     ids = world.tok(problem["response"], add_special_tokens=False)["input_ids"]
@@ -872,12 +874,18 @@ def run_given(world: World, i: int, problem: dict, write, scored: dict) -> dict:
         return {**line, "mixed": False}
     if len(epicprm.steps(world.piece_list(ids))) < 2:
         return {**line, "mixed": False, "one_step": 1}
-    torch.manual_seed(a.seed * 100_003 + i)
-    v0 = world.values([(prompt, problem["answer"])], [[]])[0]
+    v0 = progress and progress.get("v0")
+    if v0 is None:
+        torch.manual_seed(a.seed * 100_003 + i)
+        v0 = world.values([(prompt, problem["answer"])], [[]])[0]
+        if progress:
+            progress.save(v0=v0)
+    elif progress:
+        progress.resume_random()
     line.update(mixed=True, v0=v0, wrong=1, one_step=0)
     if v0 == 0:
         return line
-    (loc,) = locate(world, [(prompt, problem["answer"], ids, v0)])
+    (loc,) = locate(world, [(prompt, problem["answer"], ids, v0)], progress)
     right = world.tok(f"\\boxed{{{problem['answer']}}}", add_special_tokens=False)["input_ids"]
     batch = scored_batch(world, prompt, [ids, right])
     rules = [r for r in a.rules if not methods.RULES[r].needs_group]
