@@ -157,13 +157,12 @@ def confidence(spans: list, step: int, errors: dict, alpha: float = ALPHA) -> di
             "confident": all(e is None or e <= alpha for e in (before, at))}
 
 
-def locate_all(locates: list, values, n: int, cap: int = None, alpha: float = ALPHA, on_round=None) -> None:
+def locate_all(locates: list, values, n: int, cap: int = None, alpha: float = ALPHA) -> None:
     """F3 for many responses at once: each round, every unfinished search's next prefix is tested in one batch of n
     continuations, then (F3b) the prefixes whose call is more likely wrong than alpha get n more each, again
     together, until each is within alpha or has drawn cap (default n: no more), and the searches move on.
     locates: Locate objects; values(indices, lengths) -> their v (a share of n), for the prefixes of those
-    responses. on_round(): called after each round's counts are told (a caller keeps its progress there:
-    tools/attribution.py's Progress, where one block's rounds take hours)."""
+    responses."""
     cap = max(n, cap or n)
     while True:
         active = [i for i, loc in enumerate(locates) if not loc.done()]
@@ -180,8 +179,6 @@ def locate_all(locates: list, values, n: int, cap: int = None, alpha: float = AL
                 counts[i][1] += n
         for i in active:
             locates[i].tell(*counts[i])
-        if on_round is not None:
-            on_round()
 
 
 def step_blame(blame: torch.Tensor, spans: list, how: str) -> torch.Tensor:

@@ -192,7 +192,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     layer runs `chunk_tokens` tokens at a time (logit_chunk_tokens of the vocabulary by default): logits, softmax
     and their gradient in float32.
     """
-    micro_batch = min(micro_batch, rollouts)  # a micro-batch holds at most the step's rollouts (the default 64 more)
+    micro_batch = min(micro_batch, rollouts)  # a micro-batch holds at most the step's rollouts, in every phase
     n = parameters(cfg, lora_rank, lora_targets)
     N = sum(v for k, v in n.items() if k != "adapters")
     H, I, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers

@@ -228,82 +228,81 @@ def test_groups_drawn_in_blocks_are_drawn_again_when_a_killed_run_resumes(base, 
     assert open(out / "rollouts.jsonl").read().splitlines() == whole
 
 
-def test_a_block_killed_while_bisecting_continues_from_its_last_round(base, tmp_path, monkeypatch):
-    # one block of 4 problems; a run killed in its bisection, after some rounds were kept in OUT/block.pt, resumes
-    # without drawing the groups, v(question) or the kept rounds again, and writes the lines of the run never stopped
-    # (the random state kept with each round); a save that cannot be read is said and the block drawn whole
+def killable(monkeypatch):
+    """epicprm.prefix_values (every sampling call of F2) counted, the random state at each call kept, and a
+    KeyboardInterrupt raised at the call numbered calls["kill"] (a kill while it samples)."""
+    calls, values = {"draws": 0, "kill": None, "rng": []}, epicprm.prefix_values
+
+    def counted(*a, **k):
+        calls["draws"] += 1
+        calls["rng"].append(torch.get_rng_state())
+        if calls["draws"] == calls["kill"]:
+            raise KeyboardInterrupt
+        return values(*a, **k)
+    monkeypatch.setattr(epicprm, "prefix_values", counted)
+    return calls
+
+
+def test_a_block_killed_while_sampling_continues_from_its_last_call(base, tmp_path, monkeypatch, capsys):
+    # one block of 4 problems, killed in its first sampling call (v(question): the groups kept) or in its last (every
+    # call before it kept in OUT/block.pt): the resumed run draws no group again, samples only the calls not kept,
+    # each from the random state of the same call in the run never stopped, and writes that run's lines
     flags = ["--model", "tiny", "--dataset", "tiny", "--limit", "4", "--n", "2", "--threads", str(THREADS),
              "--rules", "none", "--group-batch", "4"]
-    calls = {"values": 0, "groups": 0, "saved": 0}
-    values, groups, save = attribution.World.values, attribution.sample_groups, attribution.Progress.save
-    kill_at = [None]
-
-    def counted_values(self, prompts, prefixes):
-        calls["values"] += 1
-        if calls["values"] == kill_at[0]:
-            raise KeyboardInterrupt
-        return values(self, prompts, prefixes)
-
-    def counted_groups(*a):
-        calls["groups"] += 1
-        return groups(*a)
-    def counted_save(self, **parts):
-        calls["saved"] = calls["values"]  # the sampling calls the save holds
-        save(self, **parts)
-    monkeypatch.setattr(attribution.World, "values", counted_values)
-    monkeypatch.setattr(attribution, "sample_groups", counted_groups)
-    monkeypatch.setattr(attribution.Progress, "save", counted_save)
+    calls, groups = killable(monkeypatch), {"drawn": 0}
+    sample_groups = attribution.sample_groups
+    monkeypatch.setattr(attribution, "sample_groups", lambda *a: groups.update(drawn=groups["drawn"] + 1)
+                        or sample_groups(*a))
     attribution.main(flags + ["--out", str(tmp_path / "whole")])
-    whole, every = (tmp_path / "whole" / "rollouts.jsonl").read_text(), calls["values"]
-    assert every >= 4 and not (tmp_path / "whole" / "block.pt").exists()  # v(question), then rounds
-    out = tmp_path / "killed"
-    kill_at[0], calls["values"], calls["groups"] = every - 1, 0, 0
-    with pytest.raises(KeyboardInterrupt):
+    whole, every, drawn = (tmp_path / "whole" / "rollouts.jsonl").read_text(), calls["draws"], calls["rng"][:]
+    assert every >= 4 and not (tmp_path / "whole" / "block.pt").exists()  # v(question), then the probes
+    for kill in (1, every):
+        out = tmp_path / f"killed-{kill}"
+        calls.update(draws=0, kill=kill, rng=[])
+        with pytest.raises(KeyboardInterrupt):
+            attribution.main(flags + ["--out", str(out)])
+        saved = torch.load(out / "block.pt", weights_only=True)
+        assert saved["block"] == [0, 4] and "groups" in saved and len(saved["calls"]) == kill - 1
+        assert not (out / "rollouts.jsonl").read_text()  # nothing of the block written yet
+        calls.update(draws=0, kill=None, rng=[])
+        groups["drawn"] = 0
         attribution.main(flags + ["--out", str(out)])
-    saved, kept = torch.load(out / "block.pt", weights_only=True), calls["saved"]
-    assert saved["block"] == [0, 4] and {"groups", "v0", "tests", "rng"} <= set(saved) and 1 < kept < every - 1
-    assert not (out / "rollouts.jsonl").read_text()  # nothing of the block written yet
-    kill_at[0], calls["values"], calls["groups"] = None, 0, 0
-    attribution.main(flags + ["--out", str(out)])
-    assert (out / "rollouts.jsonl").read_text() == whole
-    assert calls["groups"] == 0 and calls["values"] == every - kept  # only what the save did not hold
-    assert not (out / "block.pt").exists()
+        assert (out / "rollouts.jsonl").read_text() == whole
+        assert groups["drawn"] == 0 and calls["draws"] == every - kill + 1
+        assert all(torch.equal(x, y) for x, y in zip(calls["rng"], drawn[kill - 1:]))
+        assert not (out / "block.pt").exists()
+    capsys.readouterr()
     # a save that is not one: said, and the block drawn whole
     (out / "rollouts.jsonl").write_text("")
     (out / "block.pt").write_bytes(b"cut short")
-    calls["values"] = 0
+    calls["draws"] = 0
     attribution.main(flags + ["--out", str(out)])
-    assert (out / "rollouts.jsonl").read_text() == whole and calls["values"] == every
+    assert "block.pt: not a save of a block" in capsys.readouterr().out
+    assert (out / "rollouts.jsonl").read_text() == whole and calls["draws"] == every
+    # a save of a block beyond this --limit (a larger one's, under way) is kept for that run
+    torch.save({"block": [4, 8], "calls": []}, out / "block.pt")
+    attribution.main(flags + ["--out", str(out)])
+    assert (out / "block.pt").exists()
 
 
-def test_a_given_answer_killed_while_bisecting_continues_from_its_last_round(base, tmp_path, monkeypatch):
-    # --responses: one wrong answer of four steps, killed before its last sampling call, resumes from its kept
-    # v(question) and rounds and writes what the run never stopped wrote
+def test_a_given_answer_killed_while_sampling_continues_from_its_last_call(base, tmp_path, monkeypatch):
+    # --responses: one wrong answer of four steps, killed in its last sampling call, resumes from its kept
+    # v(question) and probes, and writes what the run never stopped wrote
     path = given(tmp_path / "given.jsonl", [("1+8-3+8", "14", "1+8=9\n9-3=6\n6+8=15\n\\boxed{15}")])
     flags = ["--model", "tiny", "--dataset", "tiny", "--responses", str(path), "--n", "4", "--threads", str(THREADS),
              "--rules", "none"]
-    calls, values, rng = {"values": 0, "kill": None}, attribution.World.values, []  # rng: the state at each call
-
-    def counted_values(self, prompts, prefixes):
-        calls["values"] += 1
-        rng.append(torch.get_rng_state())
-        if calls["values"] == calls["kill"]:
-            raise KeyboardInterrupt
-        return values(self, prompts, prefixes)
-    monkeypatch.setattr(attribution.World, "values", counted_values)
+    calls = killable(monkeypatch)
     attribution.main(flags + ["--out", str(tmp_path / "whole")])
-    whole, every, drawn = (tmp_path / "whole" / "rollouts.jsonl").read_text(), calls["values"], list(rng)
-    assert every >= 3 and '"rollout": 0' in whole  # v(question), then at least two rounds: located
-    calls.update(values=0, kill=every)
+    whole, every, drawn = (tmp_path / "whole" / "rollouts.jsonl").read_text(), calls["draws"], calls["rng"][:]
+    assert every >= 3 and '"rollout": 0' in whole  # v(question), then at least two probes: located
+    calls.update(draws=0, kill=every, rng=[])
     with pytest.raises(KeyboardInterrupt):
         attribution.main(flags + ["--out", str(tmp_path / "killed")])
-    assert "tests" in torch.load(tmp_path / "killed" / "block.pt", weights_only=True)
-    calls.update(values=0, kill=None)
-    rng.clear()
+    assert len(torch.load(tmp_path / "killed" / "block.pt", weights_only=True)["calls"]) == every - 1
+    calls.update(draws=0, kill=None, rng=[])
     attribution.main(flags + ["--out", str(tmp_path / "killed")])
-    assert (tmp_path / "killed" / "rollouts.jsonl").read_text() == whole and calls["values"] < every - 1
-    # each call drew from the random state of the same call in the run never stopped
-    assert all(torch.equal(a, b) for a, b in zip(rng, drawn[-len(rng):]))
+    assert (tmp_path / "killed" / "rollouts.jsonl").read_text() == whole and calls["draws"] == 1
+    assert len(calls["rng"]) == 1 and torch.equal(calls["rng"][0], drawn[-1])  # the state the unstopped run drew at
 
 
 def test_rescore_adds_a_rule_to_the_located_lines_as_a_run_with_it_would_have(base, tmp_path, capsys):

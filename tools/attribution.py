@@ -17,8 +17,8 @@ tasks the exact first error (toyworld/credit.py) is scored too, side by side.
 
 OUT (--out, default runs/attribution-MODEL-DATASET) holds rollouts.jsonl (a line per located rollout and one per
 problem, written when the problem's block is done, and the table can be recomputed from it), block.pt (the block
-under way: its groups, v(question) and every round of probes so far; a killed run, rerun with the same --limit and
---group-batch, continues from its last round: Progress), table.md (the printed table: per rule and aggregation
+under way: its groups and every sampling call so far; a killed run, rerun with the same --limit and --group-batch,
+continues from its last call: Progress), table.md (the printed table: per rule and aggregation
 hit@1, hit@3, AUC and mean rank with 95 % bootstrap intervals over rollouts), auc.png, and rollouts.html (the first
 wrong step marked, each rule's step blame coloured).
 --responses FILE takes answers made elsewhere instead of sampling (JSON lines of question, answer, response): they
@@ -50,7 +50,7 @@ HOWS = ("max", "mean")  # F4's aggregations
 BASELINES = ("position", "surprisal")  # beside the rules; uniform blame is the rule "none"
 METRICS = ("hit1", "hit3", "auc", "rank")  # toyworld/credit.attribution's, at the level of steps
 PROGRESS = "block.pt"  # the work so far of the block under way (Progress)
-WRITTEN = ("rollouts.jsonl", "table.md", "auc.png", "rollouts.html", PROGRESS)  # what --overwrite deletes of OUT
+WRITTEN = ("rollouts.jsonl", "table.md", "auc.png", "rollouts.html", PROGRESS, PROGRESS + ".tmp")  # --overwrite's
 
 
 def parser() -> argparse.ArgumentParser:
@@ -94,7 +94,7 @@ def parser() -> argparse.ArgumentParser:
                    help="problems taken as one block: their groups sampled in one call (G x this many rows), then "
                         "the v of their questions and every bisection's probes in shared batches (most groups of a "
                         "weak model do not mix, and one problem's few probes use the machine poorly); 1: each alone. "
-                        "A resumed run continues a killed block from its last round of probes (OUT/block.pt)")
+                        "A resumed run continues a killed block from its last sampling call (OUT/block.pt)")
     p.add_argument("--per-problem", type=int, default=0,
                    help="locate at most this many wrong rollouts of a group (0: all; the rules score the whole group "
                         "either way): more problems for the same cost")
@@ -135,6 +135,7 @@ class World:
         self.model.to(args.device).eval()
         self.pieces = {}  # token id -> its text
         self.say = lambda what: None  # the stage of the block under way, on the progress bar
+        self.progress = None  # the block under way's Progress: each sampling call kept
 
     def text(self, ids) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
@@ -149,11 +150,14 @@ class World:
         pairs of different problems share the sampler's batches."""
         a = self.args
         grades = [lambda t, g=gold: reward.is_correct(t, g) is True for _, gold in prompts]
-        with sample.autocast(a.device, a.bf16), handed_back():
-            return epicprm.prefix_values(self.model, [p for p, _ in prompts], prefixes, n=a.n,
-                                         temperature=a.temperature, max_new_tokens=a.max_new_tokens, grades=grades,
-                                         decode=self.text, eos_id=self.tok.eos_token_id,
-                                         pad_id=self.tok.pad_token_id, batch=a.batch)
+
+        def draw():
+            with sample.autocast(a.device, a.bf16), handed_back():
+                return epicprm.prefix_values(self.model, [p for p, _ in prompts], prefixes, n=a.n,
+                                             temperature=a.temperature, max_new_tokens=a.max_new_tokens,
+                                             grades=grades, decode=self.text, eos_id=self.tok.eos_token_id,
+                                             pad_id=self.tok.pad_token_id, batch=a.batch)
+        return draw() if self.progress is None else self.progress.call([prompts, prefixes], draw)
 
 
 @contextmanager
@@ -215,80 +219,111 @@ def scores(blame: dict, spans: list, step: int) -> dict:
             for rule, b in blame.items()}
 
 
-def locate(world: World, wrong: list, progress=None) -> list:
+def locate(world: World, wrong: list) -> list:
     """F3 for wrong responses, each (prompt, gold, response token ids with EOS left out, v0), of one problem or of
-    several: their Locate objects, located, every unfinished search probed in one round of batches. progress (a
-    Progress): the probes of a killed run are told again first, and each round's are kept."""
+    several: their Locate objects, located, every unfinished search probed in one round of batches."""
     spans = [epicprm.steps(world.piece_list(r)) for _, _, r, _ in wrong]
     locs = [epicprm.Locate(s, v0 / 2, world.args.refine) for s, (_, _, _, v0) in zip(spans, wrong)]
-    if progress is not None:
-        progress.replay(locs)
     a = world.args
     epicprm.locate_all(locs, lambda idx, lengths: world.values([wrong[i][:2] for i in idx],
                                                                 [wrong[i][2][:n] for i, n in zip(idx, lengths)]),
-                       a.n, a.n_max, a.alpha, on_round=progress and (lambda: progress.save(tests=[
-                           [list(t) for t in loc.tests] for loc in locs])))
+                       a.n, a.n_max, a.alpha)
     return locs
 
 
 class Progress:
-    """The work so far of the block under way, kept in OUT/block.pt so that a killed run loses at most one round of
-    probes, not the block: on Qwen2.5-Coder-0.5B on a 2-core host without AVX512 a block of 8 problems took over two
-    hours, and the 1.5B's would outlast a session (docs/LOG.md, 2026-11-28 and 2026-11-29). Saved after the block's
-    groups are drawn (--responses: a block is one given answer, none drawn), after v(question), and after each round
-    of the bisection (epicprm.locate_all's on_round), each time with the random state, so a resumed block draws
-    what a run never stopped would have drawn (on the same machine and --threads); written aside and then renamed,
-    so a kill while saving leaves the last whole save. A save of another block (other --limit, or a block already
-    written) is not used."""
+    """The work so far of the block under way, kept in OUT/block.pt so that a killed run loses at most one sampling
+    call, not the block: on Qwen2.5-Coder-0.5B, on a 2-core host without AVX512, a block of 8 problems was still
+    bisecting after 110 minutes, and a block of the 1.5B would outlast a session (docs/LOG.md, 2026-11-28,
+    nineteenth session). The block's groups are kept once drawn (--responses: a block is one given answer, nothing
+    drawn), then every sampling call of F2 (World.values: v(question), each probe) with what it returned and the
+    random state after it. A resumed block runs as before, each call answered from the save while the save has it,
+    and the random state of the last is restored: from there it draws what a run never stopped would have drawn (on
+    the same machine, --threads and device). Written aside, then renamed: a kill while saving leaves the last whole
+    save. A save of another block (another --limit's last block, or one already written) is not used."""
 
-    def __init__(self, out: str, block: range):
-        self.path, self.key = os.path.join(out, PROGRESS), [block[0], block[-1] + 1]
-        self.state = {"block": self.key}
-        if os.path.exists(self.path):
-            try:
-                saved = torch.load(self.path, weights_only=True)
-            except Exception as e:  # noqa: BLE001 (not a save of ours: the block is drawn again)
-                print(f"{self.path}: unreadable ({type(e).__name__}), block {self.key} drawn again whole",
-                      file=sys.stderr)
-                saved = None
-            if isinstance(saved, dict) and saved.get("block") == self.key:
-                self.state = saved
-                print(f"block of problems {self.key[0]}-{self.key[1] - 1} continued from {self.path}: "
-                      + ", ".join(k for k in ("groups", "v0", "tests") if k in saved))
+    def __init__(self, out: str, block: range, device: str = "cpu", given: bool = False):
+        self.path, self.key, self.device = os.path.join(out, PROGRESS), [block[0], block[-1] + 1], str(device)
+        self.name = f"answer {block[0]}" if given else f"problems {block[0]}-{block[-1]}"
+        self.state, self.answered = {"block": self.key, "calls": []}, 0
+        saved = self.read(self.path)
+        if isinstance(saved, dict) and saved["block"] == self.key:
+            self.state = saved
+            tqdm.write(f"{self.name}: continued from {self.path}" + (", the groups" if "groups" in saved else "")
+                       + f", {len(saved['calls'])} sampling calls")
+
+    @staticmethod
+    def read(path: str, say: bool = True):
+        """The save at path; None if there is none, or "unreadable" for a file that is not a save this class wrote
+        (said in one line where say: its block then runs again whole)."""
+        if not os.path.exists(path):
+            return None
+        try:
+            saved = torch.load(path, weights_only=True)
+            assert isinstance(saved, dict) and isinstance(saved["block"], list) and isinstance(saved["calls"], list)
+            return saved
+        except Exception as e:  # noqa: BLE001 (anything else: not a save this class wrote)
+            if say:
+                tqdm.write(f"{path}: not a save of a block ({type(e).__name__}); its block runs again whole")
+            return "unreadable"
 
     def get(self, name: str):
         return self.state.get(name)
 
     def save(self, **parts):
         self.state.update(parts, rng=torch.get_rng_state())
-        if torch.cuda.is_available():  # a GPU's sampler draws from its own generator
-            self.state["cuda_rng"] = torch.cuda.get_rng_state_all()
+        if self.device.startswith("cuda"):  # the device's sampler draws from the device's own generator
+            self.state["device_rng"] = torch.cuda.get_rng_state(self.device)
+        elif self.device.startswith("mps"):
+            self.state["device_rng"] = torch.mps.get_rng_state()
         torch.save(self.state, self.path + ".tmp")
         os.replace(self.path + ".tmp", self.path)
 
-    def resume_random(self):
-        """The random state of the last save: where a run never stopped would be now."""
-        torch.set_rng_state(self.state["rng"])
-        if torch.cuda.is_available() and "cuda_rng" in self.state:
-            torch.cuda.set_rng_state_all(self.state["cuda_rng"])
+    def call(self, asked, draw):
+        """One sampling call of the block: draw() -> its values. asked (JSON: what the call samples from) names it:
+        the killed run's answer to the same call, in the same place, is returned in its stead."""
+        key = hashlib.sha256(json.dumps(asked).encode()).hexdigest()[:16]
+        calls = self.state["calls"]
+        if self.answered < len(calls):
+            if calls[self.answered][0] == key:
+                self.answered += 1
+                if self.answered == len(calls):
+                    self.resume_random()
+                return calls[self.answered - 1][1]
+            tqdm.write(f"{self.path}: call {self.answered + 1} of its {len(calls)} asks otherwise here; "
+                       f"sampled from there")
+            del calls[self.answered:]
+        values = draw()
+        calls.append([key, values])
+        self.answered += 1
+        self.save()
+        return values
 
-    def replay(self, locs: list):
-        """Tell each search (Locate, new) the probes the killed run made, in order: the search then stands where
-        that run's stood. A saved probe that is not the one the search asks for (a save of other code) is a
-        mistake of the save: every search then starts over, said in one line."""
-        saved = self.state.get("tests") or []
-        for loc, tests in zip(locs, saved):
-            for length, v, draws, _ in tests:
-                if len(saved) != len(locs) or loc.done() or loc.probe() != length:
-                    print(f"{self.path}: its probes are not this block's searches; searched again from the start",
-                          file=sys.stderr)
-                    locs[:] = [epicprm.Locate(x.spans, x.threshold, x.refine) for x in locs]
-                    return
-                loc.tell(round(v * draws), draws)
+    def resume_random(self):
+        """The random state after the saved calls: where a run never stopped would be now."""
+        torch.set_rng_state(self.state["rng"])
+        if "device_rng" in self.state and self.device.startswith("cuda"):
+            torch.cuda.set_rng_state(self.state["device_rng"], self.device)
+        elif "device_rng" in self.state and self.device.startswith("mps"):
+            torch.mps.set_rng_state(self.state["device_rng"])
 
     def done(self):
-        if os.path.exists(self.path):
-            os.remove(self.path)
+        self.remove(self.path)
+
+    @staticmethod
+    def remove(path: str):
+        for name in (path, path + ".tmp"):
+            if os.path.exists(name):
+                os.remove(name)
+
+    @staticmethod
+    def clear(out: str, blocks: list):
+        """Delete OUT's save if it is of one of `blocks` (all written: a kill just after a block's lines leaves its
+        save) or unreadable. A save of a block beyond them (a larger --limit's) is kept for that run."""
+        path = os.path.join(out, PROGRESS)
+        saved = Progress.read(path, say=False)
+        if saved == "unreadable" or isinstance(saved, dict) and saved["block"] in [[b[0], b[-1] + 1] for b in blocks]:
+            Progress.remove(path)
 
 
 def record(world: World, i: int, j: int, problem: dict, ids: list, loc, v0: float, blame: dict, exact) -> dict:
@@ -353,9 +388,9 @@ def sample_groups(world: World, first: int, problems: list) -> dict:
     return out
 
 
-def run_block(world: World, first: int, groups: dict, write, scored: dict, progress: Progress = None):
+def run_block(world: World, first: int, groups: dict, write, scored: dict):
     """Locate and score the groups (sample_groups) of a block of problems; write each problem's lines, the block's
-    problems in order, once the whole block is done (a killed block continues from its progress, drawing the same
+    problems in order, once the whole block is done (a killed block continues from its Progress, drawing the same
     numbers when --limit and --group-batch are those of the killed run).
     The v of every mixed problem's question runs in one round of batches, then every wrong rollout's bisection
     (F3): a block of K problems fills the sampler's batches where one problem's two or three searches would not."""
@@ -373,16 +408,10 @@ def run_block(world: World, first: int, groups: dict, write, scored: dict, progr
         short = [j for j in wrong if j not in cut and len(epicprm.steps(world.piece_list(responses[j]))) < 2]
         line.update(mixed=True, wrong=len(wrong), truncated=len(cut), one_step=len(short))
         todo[i] = [j for j in wrong if j not in cut + short][:a.per_problem or None]
+    torch.manual_seed(a.seed * 100_003 + first + 1)
     mixed = [i for i in groups if lines[i]["mixed"]]
-    v0s = progress and progress.get("v0")
-    if v0s is None:
-        torch.manual_seed(a.seed * 100_003 + first + 1)
-        world.say(f"v(question) of {len(mixed)} mixed groups")
-        v0s = world.values([(groups[i][0], world.problems[i]["answer"]) for i in mixed], [[]] * len(mixed))
-        if progress:
-            progress.save(v0=v0s)
-    elif progress:
-        progress.resume_random()
+    world.say(f"v(question) of {len(mixed)} mixed groups")
+    v0s = world.values([(groups[i][0], world.problems[i]["answer"]) for i in mixed], [[]] * len(mixed))
     for i, v0 in zip(mixed, v0s):  # v0 = 0: the model cannot solve it from the question alone, nothing to locate
         lines[i]["v0"] = v0
         if v0 == 0:
@@ -390,7 +419,7 @@ def run_block(world: World, first: int, groups: dict, write, scored: dict, progr
     wrong = [(i, j) for i in mixed for j in todo[i]]
     world.say(f"bisecting {len(wrong)} wrong rollouts")
     locs = dict(zip(wrong, locate(world, [(groups[i][0], world.problems[i]["answer"], groups[i][2][j],
-                                           lines[i]["v0"]) for i, j in wrong], progress)))
+                                           lines[i]["v0"]) for i, j in wrong])))
     for i in groups:
         if todo.get(i):
             world.say(f"scoring problem {i}")
@@ -767,22 +796,23 @@ def run(args, ds, out: str, path: str, problems: list, argv):
         located = before = sum(1 for x in read_lines(path) if "rollout" in x)
         world.say = lambda what: bar.set_postfix_str(f"located={located}" + (f", {what}" if what else ""))
         for block in todo:
-            progress = Progress(out, block)
+            world.progress = progress = Progress(out, block, args.device, given=bool(args.responses))
             if args.responses:
-                write(run_given(world, block[0], problems[block[0]], write, scored, progress))
+                write(run_given(world, block[0], problems[block[0]], write, scored))
             else:
                 groups = progress.get("groups")
                 if groups is None:
                     world.say(f"sampling the groups of {len(block)} problem" + "s" * (len(block) > 1))
                     groups = sample_groups(world, block[0], [problems[i] for i in block])
                     progress.save(groups=groups)
-                run_block(world, block[0], groups, write, scored, progress)
+                run_block(world, block[0], groups, write, scored)
+            world.progress = None
             progress.done()
             bar.update(len(block))
             located = sum(1 for x in read_lines(path) if "rollout" in x)
             world.say("")
-    if not args.rescore and os.path.exists(os.path.join(out, PROGRESS)):  # every block is written now: a save
-        os.remove(os.path.join(out, PROGRESS))  # left by a kill just after its block's lines is of no use
+    if not args.rescore:  # every block of this --limit is written now
+        Progress.clear(out, blocks)
     lines = [x for x in read_lines(path) if x["problem"] < len(problems)]
     text = report(out, lines, world.task is not None, time.time() - t0 if todo else None, located - before)
     with open(os.path.join(out, "table.md"), "w") as f:
@@ -861,10 +891,9 @@ def given_fields(line: str):
     return None, got
 
 
-def run_given(world: World, i: int, problem: dict, write, scored: dict, progress: Progress = None) -> dict:
+def run_given(world: World, i: int, problem: dict, write, scored: dict) -> dict:
     """--responses: locate the given answer's first wrong step, and score it by the rules that need no group: the
-    answer paired with a right one ("\\boxed{gold}") so that its advantage is negative, as in a mixed group. A
-    killed run continues from progress (its v(question) and rounds of probes), as a block of sampled groups does."""
+    answer paired with a right one ("\\boxed{gold}") so that its advantage is negative, as in a mixed group."""
     a = world.args
     prompt = world.tok(problem["prompt"])["input_ids"]
     ids = world.tok(problem["response"], add_special_tokens=False)["input_ids"]
@@ -874,18 +903,12 @@ def run_given(world: World, i: int, problem: dict, write, scored: dict, progress
         return {**line, "mixed": False}
     if len(epicprm.steps(world.piece_list(ids))) < 2:
         return {**line, "mixed": False, "one_step": 1}
-    v0 = progress and progress.get("v0")
-    if v0 is None:
-        torch.manual_seed(a.seed * 100_003 + i)
-        v0 = world.values([(prompt, problem["answer"])], [[]])[0]
-        if progress:
-            progress.save(v0=v0)
-    elif progress:
-        progress.resume_random()
+    torch.manual_seed(a.seed * 100_003 + i)
+    v0 = world.values([(prompt, problem["answer"])], [[]])[0]
     line.update(mixed=True, v0=v0, wrong=1, one_step=0)
     if v0 == 0:
         return line
-    (loc,) = locate(world, [(prompt, problem["answer"], ids, v0)], progress)
+    (loc,) = locate(world, [(prompt, problem["answer"], ids, v0)])
     right = world.tok(f"\\boxed{{{problem['answer']}}}", add_special_tokens=False)["input_ids"]
     batch = scored_batch(world, prompt, [ids, right])
     rules = [r for r in a.rules if not methods.RULES[r].needs_group]
