@@ -361,10 +361,10 @@ def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int, scoring: str = None):
     if peak <= gpu_bytes:
         return peak
     print("flags that would bring it down (each alone, then all together):")
+    smaller = max(1, min(settings["micro_batch"], settings["rollouts"]) // 4)  # of the rows a micro-batch holds
     options = [("--bf16", {"bf16": True}), ("--grad-checkpointing", {"grad_checkpointing": True}),
                ("--ref-on-cpu", {"ref_on_cpu": True}), ("--lora-rank 32", {"lora_rank": 32}),
-               (f"--micro-batch-size {max(1, args.micro_batch_size // 4)}",
-                {"micro_batch": max(1, args.micro_batch_size // 4)}),
+               (f"--micro-batch-size {smaller}", {"micro_batch": smaller}),
                (f"--gen-batch-size {max(1, (args.gen_batch_size or args.prompts_per_step) // 4)}",
                 {"gen_rollouts": max(1, (args.gen_batch_size or args.prompts_per_step) // 4) * args.group_size})]
     peak_with = lambda change: max(sum(v.values()) for v in memory_plan(cfg, **{**settings, **change}).values())

@@ -170,3 +170,14 @@ def test_a_micro_batch_larger_than_the_step_plans_the_steps_rollouts_alone():
     assert memory.memory_plan(cfg, micro_batch=64, **settings) == memory.memory_plan(cfg, micro_batch=8, **settings)
     training = memory.memory_plan(cfg, micro_batch=64, **settings)["training forward and backward"]
     assert training["output layer, 256 tokens at a time"] == 256 * 151_936 * (3 * 4 + 4)
+
+
+def test_dry_run_names_a_micro_batch_smaller_than_the_rollouts_it_holds(tmp_path, capsys):
+    # 2 prompts x 4 rollouts hold 8 rows, whatever --micro-batch-size (64 by default) says: the smaller micro-batch
+    # named is 8 / 4 = 2 rows (64 / 4 = 16 would hold the same 8 and lower nothing)
+    Qwen2Config(num_hidden_layers=28, **QWEN15).save_pretrained(tmp_path)
+    train.main(["--method", "grpo", "--model", str(tmp_path), "--dataset", "gsm8k", "--dry-run", "--max-new-tokens",
+                "3072", "--prompts-per-step", "2", "--group-size", "4", "--gpu-memory", "40", "--threads",
+                str(THREADS)])
+    out = capsys.readouterr().out
+    assert "does NOT fit" in out and "    --micro-batch-size 2 " in out and "--micro-batch-size 16" not in out
