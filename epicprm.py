@@ -13,9 +13,10 @@ tasks know theirs exactly (toyworld/credit.py: the same bisection, over the exac
     F3 locate         the first wrong step: the least k with v(steps 1..k) < v(question alone) / 2, by bisection
                       (toyworld/credit.Bisection), the whole response (wrong) counted as below; refine: the first
                       wrong token inside it, by a second bisection
-    F3b decision_error  (EQUATIONS.md#f3b) how likely a probe's call (above or below the threshold) is wrong, from its counts: a probe
-                      draws n more continuations while that exceeds ALPHA, up to a cap (locate_all); a located step
-                      whose two bracketing calls are not both within ALPHA is "uncertain" (confidence)
+    F3b decision_error  (EQUATIONS.md#f3b) how likely a probe's call (above or below the threshold) is wrong, from
+                      its counts: a probe draws n more continuations while that exceeds ALPHA, up to a cap
+                      (locate_all); a located step whose two bracketing calls are not both within ALPHA is
+                      "uncertain" (confidence)
     F4 step_blame     a rule's per-token blame summed up to steps: the largest of a step's tokens, or their mean
 
 A worked example of F3: a wrong response of 5 steps, v(question) = 0.5, so the threshold is 0.25. The bisection
