@@ -171,7 +171,7 @@ def _minutes(m: float) -> str:
 def table(rows_: list, baseline: str, threshold: float) -> str:
     lines = [f"Against `{baseline}`, paired by seed; [95 % t-interval]. Better: lower end > 0 and mean >= +{MARGIN}.",
              "", f"| method | seeds | accuracy at last step | {baseline} on those seeds | difference, equal steps | "
-             f"verdict | difference, {baseline}'s wall-clock | verdict | response length difference | "
+             f"verdict | difference, {baseline}'s wall-clock | verdict | length difference, tokens | "
              f"minutes in steps | steps to {threshold} (none: not reached) |", "|---" * 11 + "|"]
     for r in rows_:
         reach = ", ".join("none" if x is None else str(x) for x in r["reach"])
