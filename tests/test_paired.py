@@ -14,6 +14,11 @@ def test_interval_by_hand():
     assert mean == pytest.approx(0.2) and low == pytest.approx(0.2 - 1.2706) and high == pytest.approx(0.2 + 1.2706)
     assert paired.t975(4) == 2.776 and paired.t975(22) == 2.086 and paired.t975(40) == 1.96
     assert math.isnan(paired.interval([0.5])[1])
+    # two seeds that moved by the same 34/128 (OAR-P on SmolLM2, seeds 0 and 1): sd 0, so no interval, and the
+    # verdict is not "worse" on a zero-width one
+    mean, low, high = paired.interval([-34 / 128, -34 / 128])
+    assert mean == -34 / 128 and math.isnan(low) and math.isnan(high)
+    assert paired.verdict(mean, low, high) == "not shown better"
 
 
 def run(tmp, method, seed, accs, step_seconds):

@@ -42,10 +42,12 @@ def t975(df: int) -> float:
 
 def interval(values: list) -> tuple:
     """(mean, low, high): the mean and its 95 % t-interval. interval([0.1, 0.3]) == (0.2, 0.2 - 12.706 * 0.1,
-    0.2 + 12.706 * 0.1) (sd 0.1414, / sqrt 2 = 0.1); one value: (v, nan, nan)."""
+    0.2 + 12.706 * 0.1) (sd 0.1414, / sqrt 2 = 0.1); one value, or values all equal: (v, nan, nan)."""
     n = len(values)
     mean = statistics.mean(values)
-    if n < 2:
+    # all equal (two seeds that moved by the same 1/128 of accuracy): the t-interval's width would be 0, a certainty
+    # the seeds do not give, and the verdict would read "worse" or "better" on it; no interval instead
+    if n < 2 or statistics.pstdev(values) == 0:
         return mean, float("nan"), float("nan")
     half = t975(n - 1) * statistics.stdev(values) / math.sqrt(n)
     return mean, mean - half, mean + half
