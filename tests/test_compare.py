@@ -2,6 +2,7 @@
 the metrics files', and a finished comparison is reused rather than rerun."""
 import json
 import os
+import shutil
 import statistics
 
 import pytest
@@ -215,3 +216,29 @@ def test_a_finished_comparison_is_not_reused_under_other_train_flags(tmp_path, m
     compare.main(flags + ["--overwrite", "--", "--lr", "3e-4"])  # started over: train.py --overwrite
     assert "--overwrite" in (tmp_path / "argv").read_text() and "3e-4" in (tmp_path / "argv").read_text()
     assert json.loads((out / "grpo-seed0" / "done.json").read_text())["flags"][-2:] == ["--lr", "3e-4"]
+
+
+def test_a_moved_comparison_is_reused_and_another_machines_folder_refuses_new_runs(tmp_path, monkeypatch, capsys):
+    # done.json records the run's flags less --run-dir (a snapshot restored elsewhere is reused) and the machine;
+    # a run still to make in a folder another machine's runs fill is refused before it starts (its seed would not
+    # pair with theirs: tools/paired.py)
+    fake_train(tmp_path, monkeypatch)
+    out, moved = tmp_path / "cmp", tmp_path / "elsewhere"
+    finished_run(out / "grpo-seed0")
+    flags = ["--methods", "grpo", "--steps", "2", "--threads", "1"]
+    compare.main(flags + ["--seeds", "0", "--out", str(out)])
+    done = json.loads((out / "grpo-seed0" / "done.json").read_text())
+    assert "--run-dir" not in done["flags"] and done["machine"] == compare.machine()
+    shutil.move(str(out), str(moved))
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a finished run was run again"))
+    compare.main(flags + ["--seeds", "0", "--out", str(moved)])  # reused where it now lies
+    old = dict(done, flags=done["flags"] + ["--run-dir", str(out / "grpo-seed0")])  # as compare.py wrote it before
+    (moved / "grpo-seed0" / "done.json").write_text(json.dumps(old))
+    compare.main(flags + ["--seeds", "0", "--out", str(moved)])  # reused too
+    (moved / "grpo-seed0" / "done.json").write_text(json.dumps(dict(done, machine="Another CPU (AVX2)")))
+    compare.main(flags + ["--seeds", "0", "--out", str(moved)])  # nothing to run: the tables are remade
+    with pytest.raises(SystemExit) as e:
+        compare.main(flags + ["--seeds", "0,1", "--out", str(moved)])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert e.value.code == 2 and "made on Another CPU (AVX2), this machine is" in err and "another --out" in err
+    assert not (moved / "grpo-seed1").exists()

@@ -97,3 +97,27 @@ def test_write_makes_the_table_and_both_pictures(tmp_path, capsys):
     with pytest.raises(SystemExit):
         paired.main([str(tmp_path), "--baseline", "dapo"])
     assert "no finished run of --baseline dapo" in capsys.readouterr().err
+
+
+def test_two_machines_folders_pair_within_each(tmp_path, capsys):
+    # seed 0 on machine A (grpo 0.5, ktae 0.6) and seed 0 on machine B (grpo 0.4, ktae 0.45), plus seed 1 on B
+    # (grpo 0.6, ktae 0.7); B's seed 2 has no grpo run. Pairs within a folder: [0.1, 0.05, 0.1], mean 0.08333,
+    # sd 0.02887, se 0.01667, t(2) 4.303: +- 0.07172. Paired across folders (A's ktae with B's grpo), seed 0 would be
+    # 0.6 - 0.4 = 0.2
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, seeds in ((a, {0: (0.5, 0.6)}), (b, {0: (0.4, 0.45), 1: (0.6, 0.7), 2: (None, 0.9)})):
+        folder.mkdir()
+        (folder / "settings.json").write_text('{"--steps": 1}')
+        for seed, (g, k) in seeds.items():
+            if g is not None:
+                run(folder, "grpo", seed, [0.2, g], 1.0)
+            run(folder, "ktae", seed, [0.2, k], 1.0)
+    (row,) = paired.rows(paired.finished(str(a), str(b)), "grpo", 0.5)
+    assert row["seeds"] == [(0, 0), (1, 0), (1, 1)]
+    assert row["d_step"] == pytest.approx((0.08333, 0.08333 - 0.07172, 0.08333 + 0.07172), abs=1e-4)
+    paired.main([str(a), str(b)])  # the table goes to the first folder
+    assert "| ktae | 3 |" in (a / "paired.md").read_text() and not (b / "paired.md").exists()
+    (b / "settings.json").write_text('{"--steps": 2}')  # another comparison: not paired with a's
+    with pytest.raises(SystemExit):
+        paired.main([str(a), str(b)])
+    assert "settings.json differs" in capsys.readouterr().err

@@ -13,7 +13,9 @@ problems drawn and the sampling RNG, so every method sees the same problems at t
 rounds of dynamic sampling draw further problems, so its batches drift from the others'). A run that already
 finished is reused, one that was interrupted resumes from its checkpoint, and one stopped before its first
 checkpoint starts over (train.py --overwrite), so a stopped comparison picks up where it was. A finished run's
-checkpoint is deleted (--keep-checkpoints keeps it). Then OUT holds:
+checkpoint is deleted (--keep-checkpoints keeps it). An OUT's runs come from one machine (done.json records it):
+another CPU makes other runs of the same seed, so to go on elsewhere give another OUT and pair the two folders with
+`python -m tools.paired OUT OTHER`. Then OUT holds:
     accuracy.png reward.png length.png entropy.png ess.png   a line per method (mean over seeds), min-max band
     credit_auc.png credit_hit1.png credit_hit3.png credit_rank.png
                                                              how well the rule's blame points at a wrong rollout's
@@ -27,10 +29,13 @@ checkpoint is deleted (--keep-checkpoints keeps it). Then OUT holds:
 import concurrent.futures
 import json
 import os
+import platform
 import shutil
 import statistics
 import subprocess
 import sys
+
+import torch
 
 import data
 import methods
@@ -109,12 +114,45 @@ def spelled_out(flags: list) -> list:
 
 
 def defining_flags(method, seed, args) -> list:
-    """train_flags less --threads (which changes the speed, not the run): what done.json records of a run."""
-    flags = spelled_out(train_flags(method, seed, args))
-    if args.threads:
-        at = flags.index("--threads")
-        del flags[at:at + 2]
-    return flags
+    """train_flags less --threads (which changes the speed, not the run) and --run-dir (where, not what: a folder
+    moved, or restored from a snapshot elsewhere, is reused): what done.json records of a run."""
+    return without(spelled_out(train_flags(method, seed, args)), ("--threads", "--run-dir"))
+
+
+def without(flags: list, names: tuple) -> list:
+    """flags less each of names and its value (done.json of compare.py before 2026-11-29 holds --run-dir)."""
+    out = list(flags)
+    for name in names:
+        if name in out:
+            at = out.index(name)
+            del out[at:at + 2]
+    return out
+
+
+def machine() -> str:
+    """What decides a run's floats beyond its flags: the CPU's model and the kernels torch picks for it (and the
+    GPU, where there is one). Another CPU sums in another order, and the same seed makes another run."""
+    model = platform.processor() or platform.machine()
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return f"{model} ({torch.backends.cpu.get_cpu_capability()}){gpu}"
+
+
+def check_machine(p, chosen, seeds, args):
+    """A run still to make goes to an OUT whose finished runs this machine made (or that records none): a run made
+    on another machine does not pair with theirs (tools/paired.py), so it is refused before any run starts."""
+    here = machine()
+    if not os.path.isdir(args.out) or all(read_done(os.path.join(args.out, f"{m}-seed{s}", "done.json"))
+                                          for m in chosen for s in seeds):
+        return  # nothing to run: the tables are remade from what is there
+    for name in sorted(os.listdir(args.out)):
+        done = checkpoint.read_json(os.path.join(args.out, name, "done.json"))
+        if isinstance(done, dict) and done.get("machine") not in (None, here):
+            p.error(f"{os.path.join(args.out, name)} was made on {done['machine']}, this machine is {here}: its "
+                    f"seeds would not pair with runs made here; choose another --out for them (tools.paired "
+                    f"takes both folders)")
 
 
 def read_done(done_path: str):
@@ -135,8 +173,9 @@ def run_one(method, seed, args):
     done_path = os.path.join(run_dir, "done.json")
     done = read_done(done_path)
     flags = defining_flags(method, seed, args)
-    if done is not None and (done.get("flags") == flags or not args.overwrite):  # reused: made with these flags
-        if done.get("flags") != flags:
+    recorded = without(done.get("flags") or [], ("--run-dir",)) if done is not None else None
+    if done is not None and (recorded == flags or not args.overwrite):  # reused: made with these flags
+        if recorded != flags:
             sys.exit(f"{run_dir}: finished with the train.py flags {' '.join(done.get('flags') or ['(not recorded)'])}"
                      f", not {' '.join(flags)}: start it over with --overwrite, or choose another --out")
         return checkpoint.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
@@ -162,7 +201,7 @@ def run_one(method, seed, args):
     print(f"finished {method} seed {seed}", flush=True)
     tmp = done_path + ".tmp"  # a kill while writing must not leave a done.json that is not JSON
     with open(tmp, "w") as f:
-        json.dump({"method": method, "seed": seed, "steps": args.steps, "flags": flags}, f)
+        json.dump({"method": method, "seed": seed, "steps": args.steps, "flags": flags, "machine": machine()}, f)
     os.replace(tmp, done_path)
     if not args.keep_checkpoints:  # done.json first: a kill between the two leaves a finished run, not a lost one
         for d in ("checkpoint", "checkpoint.prev", "checkpoint.tmp"):  # 3 GB a SmolLM2 run: 55 of them fill a disk
@@ -280,6 +319,7 @@ def main(argv=None):
             p.error(f"{flag.split('=')[0]} after --: compare.py sets it for every run (use compare.py's own flag)")
     args.out = os.path.abspath(args.out)  # the user's cwd, not train.py's
     check_train_flags(p, chosen, seeds, args)
+    check_machine(p, chosen, seeds, args)
     # OUT's runs all made with these settings, by one comparison at a time: the lock is held to the end
     finished = os.path.isfile(os.path.join(args.out, "results.md")) or any(
         isinstance(checkpoint.read_json(os.path.join(args.out, f"{m}-seed{s}", "done.json")), dict)

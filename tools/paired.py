@@ -2,6 +2,7 @@
 
     python -m tools.paired runs/compare                    # every method of a tools.compare folder against grpo
     python -m tools.paired runs/compare --baseline dapo --threshold 0.5
+    python -m tools.paired runs/cmp-epyc runs/cmp-xeon     # one comparison run on two machines, a folder each
 
 Reads the finished runs of a tools.compare folder (OUT/METHOD-seedS with done.json; a comparison still under way
 gives the seeds both runs of a pair have finished) and writes
@@ -13,13 +14,18 @@ gives the seeds both runs of a pair have finished) and writes
 
 Why paired: a seed fixes the problems each step draws and the held-out set, so two methods' runs of one seed differ
 only by the method (and sampling noise); the seed-to-seed spread, which is large on a small model, cancels in the
-difference. "Better" is the criterion docs/LOG.md stated before issue 62's runs: the interval's lower end above 0
-and a mean difference of at least MARGIN.
+difference. Only on one machine, though: another CPU sums floats in another order, so the same seed gives other greedy
+answers from step 0 on (SmolLM2 on arith: 0.164 on an AMD EPYC, 0.180 on a Xeon) and other runs. A comparison spread
+over machines keeps a folder per machine (tools.compare refuses to mix them) and names them all here: a pair is a seed
+within one folder, and the intervals take the pairs of every folder. The table and PNGs go to the first. "Better" is
+the criterion docs/LOG.md stated before issue 62's runs: the interval's lower end above 0 and a mean difference of at
+least MARGIN.
 
-Equal wall-clock: each run's seconds in steps (metrics' time_step, sampling to optimizer step, evaluations left
-out; its median step times the steps, robust to a machine shared for a while); a method is read at the last evaluation it reached within the baseline's time
-for all its steps (a method faster than the baseline is read at its last step: the runs stop at --steps). With
-evaluations every 10 steps the reading is coarse, and the times are those of the machine the runs shared.
+Equal wall-clock: each run's seconds in steps (metrics' time_step, sampling to optimizer step, evaluations left out;
+its median step times the steps, robust to a machine shared for a while); a method is read at the last evaluation it
+reached within the baseline's time for all its steps (a method faster than the baseline is read at its last step: the
+runs stop at --steps). With evaluations every 10 steps the reading is coarse, and the times are those of the machine
+the runs shared.
 """
 import json
 import math
@@ -79,14 +85,16 @@ def steps_to(recs: list, threshold: float):
     return next((s for s, a in sorted(evals(recs).items()) if a >= threshold), None)
 
 
-def finished(out: str) -> dict:
-    """{method: {seed: records}} of the runs in a tools.compare folder that finished (done.json)."""
+def finished(*outs: str) -> dict:
+    """{method: {seed: records}} of the runs in a tools.compare folder that finished (done.json); of several
+    folders (a machine each), {method: {(folder's place, seed): records}}, so that a pair never spans two."""
     runs = {}
-    for name in sorted(os.listdir(out)):
-        done = checkpoint.read_json(os.path.join(out, name, "done.json"))
-        if isinstance(done, dict) and "method" in done and "seed" in done:
-            recs = checkpoint.read_metrics(os.path.join(out, name, "metrics.jsonl"))
-            runs.setdefault(done["method"], {})[done["seed"]] = recs
+    for i, out in enumerate(outs):
+        for name in sorted(os.listdir(out)):
+            done = checkpoint.read_json(os.path.join(out, name, "done.json"))
+            if isinstance(done, dict) and "method" in done and "seed" in done:
+                recs = checkpoint.read_metrics(os.path.join(out, name, "metrics.jsonl"))
+                runs.setdefault(done["method"], {})[(i, done["seed"]) if len(outs) > 1 else done["seed"]] = recs
     return runs
 
 
@@ -254,9 +262,10 @@ def plot(out: str, runs: dict, rows_: list, baseline: str):
     plt.close(fig)
 
 
-def write(out: str, baseline: str = "grpo", threshold: float = 0.5) -> str:
-    """paired.md and the two PNGs in out; returns the table ('' when the baseline has no finished run)."""
-    runs = finished(out)
+def write(out: str, baseline: str = "grpo", threshold: float = 0.5, more: tuple = ()) -> str:
+    """paired.md and the two PNGs in out; returns the table ('' when the baseline has no finished run). more: the
+    same comparison's folders from other machines, paired within each."""
+    runs = finished(out, *more)
     if baseline not in runs:
         return ""
     rows_ = rows(runs, baseline, threshold)
@@ -273,16 +282,22 @@ def write(out: str, baseline: str = "grpo", threshold: float = 0.5) -> str:
 
 def main(argv=None):
     p = cli.Parser(description=__doc__.split("\n")[0])
-    p.add_argument("out", help="a tools.compare folder")
+    p.add_argument("out", nargs="+", help="a tools.compare folder; or several, one comparison's runs on several "
+                                          "machines (a folder each, the same settings.json)")
     p.add_argument("--baseline", default="grpo", help="the method the others are paired with (default: %(default)s)")
     p.add_argument("--threshold", type=float, default=0.5, help="the accuracy whose first step is reported "
                                                                 "(default: %(default)s)")
     args = p.parse_args(argv)
-    if not os.path.isdir(args.out):
-        p.error(f"{args.out}: no such folder")
-    md = write(args.out, args.baseline, args.threshold)
+    for out in args.out:
+        if not os.path.isdir(out):
+            p.error(f"{out}: no such folder")
+        if checkpoint.read_json(os.path.join(out, "settings.json")) != checkpoint.read_json(
+                os.path.join(args.out[0], "settings.json")):  # other flags: its runs are another comparison
+            p.error(f"{out}: its settings.json differs from {args.out[0]}'s: not the same comparison")
+    md = write(args.out[0], args.baseline, args.threshold, tuple(args.out[1:]))
     if not md:
-        p.error(f"{args.out}: no finished run of --baseline {args.baseline} with another method on its seed")
+        p.error(f"{' '.join(args.out)}: no finished run of --baseline {args.baseline} with another method on its "
+                f"seed")
     print(md)
 
 
