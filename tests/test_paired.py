@@ -21,6 +21,15 @@ def test_interval_by_hand():
     assert paired.verdict(mean, low, high) == "not shown better"
 
 
+def test_band_stays_inside_0_and_1_by_hand():
+    # step 0: [0.1, 0.3] -> 0.2 +- 1.2706 (above), drawn as [0, 1]; step 10: [0.9, 0.86] -> mean 0.88, sd 0.0283,
+    # / sqrt 2 = 0.02, +- 12.706 * 0.02 = 0.254: [0.626, 1.134], drawn as [0.626, 1]; step 20 is not in both runs
+    steps, means, lows, highs = paired.band([{0: 0.1, 10: 0.9, 20: 0.5}, {0: 0.3, 10: 0.86}])
+    assert steps == [0, 10] and means == pytest.approx([0.2, 0.88])
+    assert lows == pytest.approx([0.0, 0.88 - 0.25412]) and highs == pytest.approx([1.0, 1.0])
+    assert paired.band([{0: 0.4}]) == ([0], [0.4], [0.4], [0.4])  # one run: no band
+
+
 def run(tmp, method, seed, accs, step_seconds):
     """A finished compare run: an evaluation at each step 0..len(accs)-1, each step taking step_seconds."""
     d = tmp / f"{method}-seed{seed}"

@@ -56,6 +56,7 @@ PLOTS = {"accuracy.png": ("eval_accuracy", "greedy held-out accuracy"), "reward.
          "credit_hit1.png": ("credit_hit1", "first-error hit@1"),
          "credit_hit3.png": ("credit_hit3", "first-error hit@3"),
          "credit_rank.png": ("credit_rank", "first-error rank (1: most blamed)")}
+BEGUN = "machine.json"  # in a run's folder from its start: the machine its checkpoints are made on
 CREDIT = ("credit_rank", "credit_hit1", "credit_hit3", "credit_auc")  # the table's attribution columns
 
 
@@ -148,11 +149,19 @@ def check_machine(p, chosen, seeds, args):
                                           for m in chosen for s in seeds):
         return  # nothing to run: the tables are remade from what is there
     for name in sorted(os.listdir(args.out)):
-        done = checkpoint.read_json(os.path.join(args.out, name, "done.json"))
-        if isinstance(done, dict) and done.get("machine") not in (None, here):
-            p.error(f"{os.path.join(args.out, name)} was made on {done['machine']}, this machine is {here}: its "
-                    f"seeds would not pair with runs made here; choose another --out for them (tools.paired "
-                    f"takes both folders)")
+        run_dir = os.path.join(args.out, name)
+        was, made = checkpoint.read_json(os.path.join(run_dir, "done.json")), "was made on"
+        if not (isinstance(was, dict) and was.get("machine")) and has_checkpoint(run_dir):
+            # unfinished: its checkpoint, resumed here, would finish as a run of two machines
+            was, made = checkpoint.read_json(os.path.join(run_dir, BEGUN)), "was begun on"
+        if isinstance(was, dict) and was.get("machine") not in (None, here):
+            p.error(f"{run_dir} {made} {was['machine']}, this machine is {here}: its seeds would not pair with runs "
+                    f"made here; choose another --out for them (tools.paired takes both folders)")
+
+
+def has_checkpoint(run_dir: str) -> bool:
+    """Whether run_one would resume the run in run_dir (train.py --resume) rather than start it."""
+    return any(os.path.isdir(os.path.join(run_dir, d)) for d in ("checkpoint", "checkpoint.prev"))
 
 
 def read_done(done_path: str):
@@ -180,13 +189,17 @@ def run_one(method, seed, args):
                      f", not {' '.join(flags)}: start it over with --overwrite, or choose another --out")
         return checkpoint.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
     cmd = [sys.executable, TRAIN, *train_flags(method, seed, args)]
-    resuming = not args.overwrite and any(os.path.isdir(os.path.join(run_dir, d))
-                                          for d in ("checkpoint", "checkpoint.prev"))
+    resuming = not args.overwrite and has_checkpoint(run_dir)
     # a run stopped before its first checkpoint left a metrics file that train.py would refuse to start over on
     leftover = not resuming and os.path.isdir(run_dir) and bool(os.listdir(run_dir))
     extra = ["--resume"] if resuming else ["--overwrite"] if leftover else []
     what = "resuming" if resuming else "restarting (no checkpoint to resume)" if leftover else "running"
     print(f"{what} {method} seed {seed}: {' '.join(cmd[1:] + extra)}", flush=True)
+    if not resuming:  # the machine its checkpoints come from, for check_machine while it is unfinished
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, BEGUN + ".tmp"), "w") as f:
+            json.dump({"machine": machine()}, f)
+        os.replace(os.path.join(run_dir, BEGUN + ".tmp"), os.path.join(run_dir, BEGUN))
     if args.jobs > 1:  # runs side by side: each one's progress bars and messages to its own log, not interleaved
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "train.log"), "a") as log:

@@ -204,12 +204,15 @@ def table(rows_: list, baseline: str, threshold: float) -> str:
 
 
 def band(series: list) -> tuple:
-    """Per step of the runs' common evaluations: steps, mean, low, high (95 % t-interval; a single run: no band)."""
+    """Per step of the runs' common evaluations: steps, mean, low, high (95 % t-interval inside [0, 1]; a single run:
+    no band)."""
     steps = sorted(set.intersection(*(set(s) for s in series)))
     stats = [interval([s[x] for s in series]) for x in steps]
     means, lows, highs = ([s[i] for s in stats] for i in range(3))
     if len(series) < 2:
         lows, highs = means, means
+    # an accuracy lies in [0, 1]; with two seeds (t = 12.7) the interval runs far past both ends, off the picture
+    lows, highs = [max(0.0, x) for x in lows], [min(1.0, x) for x in highs]
     return steps, means, lows, highs
 
 
