@@ -243,7 +243,7 @@ def test_a_moved_comparison_is_reused_and_another_machines_folder_refuses_new_ru
     assert e.value.code == 2 and "made on Another CPU (AVX2), this machine is" in err and "another --out" in err
     assert not (moved / "grpo-seed1").exists()
     # a run begun and stopped at a checkpoint records its machine from the start: resumed on another machine it
-    # would be half of each, so it is refused too; without a checkpoint it starts over here, and is not
+    # would be half of each, so it is refused too; with --overwrite, or without a checkpoint, it starts over here
     monkeypatch.undo()  # subprocess.run again
     fake_train(tmp_path, monkeypatch)
     run_dir = tmp_path / "cmp2" / "grpo-seed0"
@@ -258,7 +258,10 @@ def test_a_moved_comparison_is_reused_and_another_machines_folder_refuses_new_ru
     err = capsys.readouterr().err.splitlines()[-1]
     assert e.value.code == 2 and "grpo-seed0 was begun on Another CPU (AVX2), this machine is" in err
     assert not (run_dir / "done.json").exists()
-    (run_dir / "checkpoint").rmdir()
+    compare.main(flags + ["--seeds", "0", "--out", str(run_dir.parent), "--overwrite"])  # begun again here
+    assert json.loads((run_dir / "machine.json").read_text()) == {"machine": compare.machine()}
+    (run_dir / "done.json").unlink()
+    (run_dir / "machine.json").write_text(json.dumps({"machine": "Another CPU (AVX2)"}))
     compare.main(flags + ["--seeds", "0", "--out", str(run_dir.parent)])  # no checkpoint: started over here
     assert "--overwrite" in (tmp_path / "argv").read_text()
     assert json.loads((run_dir / "machine.json").read_text()) == {"machine": compare.machine()}

@@ -151,8 +151,8 @@ def check_machine(p, chosen, seeds, args):
     for name in sorted(os.listdir(args.out)):
         run_dir = os.path.join(args.out, name)
         was, made = checkpoint.read_json(os.path.join(run_dir, "done.json")), "was made on"
-        if not (isinstance(was, dict) and was.get("machine")) and has_checkpoint(run_dir):
-            # unfinished: its checkpoint, resumed here, would finish as a run of two machines
+        if not (isinstance(was, dict) and was.get("machine")) and has_checkpoint(run_dir) and not args.overwrite:
+            # unfinished: its checkpoint, resumed here, would finish as a run of two machines (--overwrite: begun again)
             was, made = checkpoint.read_json(os.path.join(run_dir, BEGUN)), "was begun on"
         if isinstance(was, dict) and was.get("machine") not in (None, here):
             p.error(f"{run_dir} {made} {was['machine']}, this machine is {here}: its seeds would not pair with runs "
