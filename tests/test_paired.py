@@ -28,6 +28,8 @@ def test_band_stays_inside_0_and_1_by_hand():
     assert steps == [0, 10] and means == pytest.approx([0.2, 0.88])
     assert lows == pytest.approx([0.0, 0.88 - 0.25412]) and highs == pytest.approx([1.0, 1.0])
     assert paired.band([{0: 0.4}]) == ([0], [0.4], [0.4], [0.4])  # one run: no band
+    steps, means, lows, highs = paired.band([{0: 0.4}, {0: 0.4}])  # equal values: no interval, no band drawn
+    assert means == [0.4] and math.isnan(lows[0]) and math.isnan(highs[0])
 
 
 def run(tmp, method, seed, accs, step_seconds):

@@ -212,7 +212,8 @@ def band(series: list) -> tuple:
     if len(series) < 2:
         lows, highs = means, means
     # an accuracy lies in [0, 1]; with two seeds (t = 12.7) the interval runs far past both ends, off the picture
-    lows, highs = [max(0.0, x) for x in lows], [min(1.0, x) for x in highs]
+    # (no interval, nan, stays nan: max(0.0, nan) would be 0.0, a band from 0 to 1)
+    lows, highs = [max(0.0, x) if x == x else x for x in lows], [min(1.0, x) if x == x else x for x in highs]
     return steps, means, lows, highs
 
 
