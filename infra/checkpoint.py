@@ -59,6 +59,14 @@ def read_json(path: str):
         return None
 
 
+def write_json(path: str, obj):
+    """A JSON file written whole or not at all: a kill while writing leaves the file before (or none), never a
+    half-written one that read_json would take for missing."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f)
+    os.replace(path + ".tmp", path)
+
+
 def read_info(run_dir: str):
     """run.json as written by write_info, or None if it is missing, not JSON, or not of that shape."""
     info = read_json(os.path.join(run_dir, "run.json"))

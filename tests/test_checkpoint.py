@@ -521,6 +521,24 @@ def test_finite_or_none_writes_null_for_undefined_values():
         {"a": None, "b": None, "c": 0.5, "d": "x"}
 
 
+def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = str(tmp_path / "done.json")
+    checkpoint.write_json(path, {"seed": 1})
+    real_dump = json.dump
+
+    def killed_half_way(obj, f, **kw):  # a kill while writing: part of the text, then nothing more
+        f.write('{"seed": ')
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(json, "dump", killed_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.write_json(path, {"seed": 2})
+    assert checkpoint.read_json(path) == {"seed": 1}  # the file before, not the half-written one
+    monkeypatch.setattr(json, "dump", real_dump)
+    checkpoint.write_json(path, {"seed": 2})
+    assert checkpoint.read_json(path) == {"seed": 2}
+
+
 # ---- DAPO's empty steps still evaluate, save and watch the clock -----------------------------------------------------
 
 def test_empty_dapo_steps_still_evaluate_save_and_stop(base, tmp_path, monkeypatch):

@@ -144,7 +144,7 @@ def test_a_kill_while_done_json_is_written_leaves_none(tmp_path, monkeypatch):
     def killed(obj, f, **kw):
         f.write(json.dumps(obj)[:5])
         raise KeyboardInterrupt
-    monkeypatch.setattr(compare.json, "dump", killed)
+    monkeypatch.setattr(json, "dump", killed)  # checkpoint.write_json's dump
     with pytest.raises(KeyboardInterrupt):
         compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(tmp_path / "cmp")])
     assert not (tmp_path / "cmp" / "grpo-seed0" / "done.json").exists()

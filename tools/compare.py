@@ -27,7 +27,6 @@ another CPU makes other runs of the same seed, so to go on elsewhere give anothe
                                                              95 % intervals (tools/paired.py)
 """
 import concurrent.futures
-import json
 import os
 import platform
 import shutil
@@ -197,9 +196,7 @@ def run_one(method, seed, args):
     print(f"{what} {method} seed {seed}: {' '.join(cmd[1:] + extra)}", flush=True)
     if not resuming:  # the machine its checkpoints come from, for check_machine while it is unfinished
         os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, BEGUN + ".tmp"), "w") as f:
-            json.dump({"machine": machine()}, f)
-        os.replace(os.path.join(run_dir, BEGUN + ".tmp"), os.path.join(run_dir, BEGUN))
+        checkpoint.write_json(os.path.join(run_dir, BEGUN), {"machine": machine()})
     if args.jobs > 1:  # runs side by side: each one's progress bars and messages to its own log, not interleaved
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "train.log"), "a") as log:
@@ -212,10 +209,8 @@ def run_one(method, seed, args):
         sys.exit(f"{method} seed {seed}: train.py exited with status {rc} ({where}); {run_dir} is "
                  f"kept, and the same command picks up from it")
     print(f"finished {method} seed {seed}", flush=True)
-    tmp = done_path + ".tmp"  # a kill while writing must not leave a done.json that is not JSON
-    with open(tmp, "w") as f:
-        json.dump({"method": method, "seed": seed, "steps": args.steps, "flags": flags, "machine": machine()}, f)
-    os.replace(tmp, done_path)
+    checkpoint.write_json(done_path, {"method": method, "seed": seed, "steps": args.steps, "flags": flags,
+                                      "machine": machine()})
     if not args.keep_checkpoints:  # done.json first: a kill between the two leaves a finished run, not a lost one
         for d in ("checkpoint", "checkpoint.prev", "checkpoint.tmp"):  # 3 GB a SmolLM2 run: 55 of them fill a disk
             shutil.rmtree(os.path.join(run_dir, d), ignore_errors=True)
