@@ -218,6 +218,19 @@ def test_a_finished_comparison_is_not_reused_under_other_train_flags(tmp_path, m
     assert json.loads((out / "grpo-seed0" / "done.json").read_text())["flags"][-2:] == ["--lr", "3e-4"]
 
 
+def test_the_machine_record_tells_apart_two_cpus_of_one_name():
+    # two hosts called "Intel(R) Xeon(R) Processor" with torch's AVX512 kernels made other runs of one seed
+    # (docs/LOG.md 2026-12-02): their flags tell them apart, and the same host gives the same record
+    def cpuinfo(flags):  # two cores, as /proc/cpuinfo lists them
+        return "".join(f"processor\t: {i}\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: {flags}\n\n"
+                       for i in range(2))
+    one = compare.cpu_record(cpuinfo("fpu avx512f avx512_bf16"), "x86_64", "AVX512")
+    assert one.startswith("Intel(R) Xeon(R) Processor (AVX512, flags ")
+    assert compare.cpu_record(cpuinfo("avx512_bf16 fpu avx512f"), "x86_64", "AVX512") == one  # order is not a CPU
+    assert compare.cpu_record(cpuinfo("fpu avx512f avx512_bf16 avx512_fp16"), "x86_64", "AVX512") != one
+    assert compare.cpu_record("", "arm64", "DEFAULT") == "arm64 (DEFAULT)"  # no /proc/cpuinfo (macOS)
+
+
 def test_a_moved_comparison_is_reused_and_another_machines_folder_refuses_new_runs(tmp_path, monkeypatch, capsys):
     # done.json records the run's flags less --run-dir (a snapshot restored elsewhere is reused) and the machine;
     # a run still to make in a folder another machine's runs fill is refused before it starts (its seed would not
@@ -235,13 +248,18 @@ def test_a_moved_comparison_is_reused_and_another_machines_folder_refuses_new_ru
     old = dict(done, flags=done["flags"] + ["--run-dir", str(out / "grpo-seed0")])  # as compare.py wrote it before
     (moved / "grpo-seed0" / "done.json").write_text(json.dumps(old))
     compare.main(flags + ["--seeds", "0", "--out", str(moved)])  # reused too
-    (moved / "grpo-seed0" / "done.json").write_text(json.dumps(dict(done, machine="Another CPU (AVX2)")))
+    (moved / "grpo-seed0" / "done.json").write_text(json.dumps(dict(done, machine="Another CPU (AVX2, flags 01234567)")))
     compare.main(flags + ["--seeds", "0", "--out", str(moved)])  # nothing to run: the tables are remade
     with pytest.raises(SystemExit) as e:
         compare.main(flags + ["--seeds", "0,1", "--out", str(moved)])
     err = capsys.readouterr().err.splitlines()[-1]
-    assert e.value.code == 2 and "made on Another CPU (AVX2), this machine is" in err and "another --out" in err
+    assert e.value.code == 2 and "made on Another CPU (AVX2, flags 01234567), this machine is" in err and "another --out" in err
     assert not (moved / "grpo-seed1").exists()
+    (moved / "grpo-seed0" / "done.json").write_text(json.dumps(dict(done, machine=compare.machine().split(",")[0]
+                                                                    + ")")))
+    with pytest.raises(SystemExit) as e:  # recorded without flags: the same name may be another CPU
+        compare.main(flags + ["--seeds", "0,1", "--out", str(moved)])
+    assert "from before the CPU's flags were kept" in capsys.readouterr().err.splitlines()[-1]
     # a run begun and stopped at a checkpoint records its machine from the start: resumed on another machine it
     # would be half of each, so it is refused too; with --overwrite, or without a checkpoint, it starts over here
     monkeypatch.undo()  # subprocess.run again
@@ -252,16 +270,16 @@ def test_a_moved_comparison_is_reused_and_another_machines_folder_refuses_new_ru
     assert json.loads((run_dir / "machine.json").read_text()) == {"machine": compare.machine()}
     (run_dir / "done.json").unlink()
     (run_dir / "checkpoint").mkdir()
-    (run_dir / "machine.json").write_text(json.dumps({"machine": "Another CPU (AVX2)"}))
+    (run_dir / "machine.json").write_text(json.dumps({"machine": "Another CPU (AVX2, flags 01234567)"}))
     with pytest.raises(SystemExit) as e:
         compare.main(flags + ["--seeds", "0", "--out", str(run_dir.parent)])
     err = capsys.readouterr().err.splitlines()[-1]
-    assert e.value.code == 2 and "grpo-seed0 was begun on Another CPU (AVX2), this machine is" in err
+    assert e.value.code == 2 and "grpo-seed0 was begun on Another CPU (AVX2, flags 01234567), this machine is" in err
     assert not (run_dir / "done.json").exists()
     compare.main(flags + ["--seeds", "0", "--out", str(run_dir.parent), "--overwrite"])  # begun again here
     assert json.loads((run_dir / "machine.json").read_text()) == {"machine": compare.machine()}
     (run_dir / "done.json").unlink()
-    (run_dir / "machine.json").write_text(json.dumps({"machine": "Another CPU (AVX2)"}))
+    (run_dir / "machine.json").write_text(json.dumps({"machine": "Another CPU (AVX2, flags 01234567)"}))
     compare.main(flags + ["--seeds", "0", "--out", str(run_dir.parent)])  # no checkpoint: started over here
     assert "--overwrite" in (tmp_path / "argv").read_text()
     assert json.loads((run_dir / "machine.json").read_text()) == {"machine": compare.machine()}

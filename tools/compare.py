@@ -27,6 +27,7 @@ another CPU makes other runs of the same seed, so to go on elsewhere give anothe
                                                              95 % intervals (tools/paired.py)
 """
 import concurrent.futures
+import hashlib
 import os
 import platform
 import shutil
@@ -130,14 +131,30 @@ def without(flags: list, names: tuple) -> list:
 
 
 def machine() -> str:
-    """What decides a run's floats beyond its flags: the CPU's model and the kernels torch picks for it (and the
-    GPU, where there is one). Another CPU sums in another order, and the same seed makes another run."""
-    model = platform.processor() or platform.machine()
+    """What decides a run's floats beyond its flags: the CPU (cpu_record) and the GPU, where there is one. Another CPU
+    sums in another order, and the same seed makes another run."""
+    cpuinfo = ""
     if os.path.isfile("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+            cpuinfo = f.read()
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
-    return f"{model} ({torch.backends.cpu.get_cpu_capability()}){gpu}"
+    return cpu_record(cpuinfo, platform.processor() or platform.machine(),
+                      torch.backends.cpu.get_cpu_capability()) + gpu
+
+
+def cpu_record(cpuinfo: str, fallback: str, capability: str) -> str:
+    """The CPU's model name, the kernels torch picks for it and a digest of its feature flags. The name is not
+    enough: two hosts that both called themselves "Intel(R) Xeon(R) Processor (AVX512)" made other runs of one seed
+    (step 0's greedy accuracy 0.180 and 0.172, docs/LOG.md 2026-12-02), and only their flags can tell them apart."""
+    model, flags = fallback, None
+    for line in cpuinfo.splitlines():  # the first processor's lines: every core of a host is the same CPU
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model is fallback:
+            model = value.strip()
+        elif key.strip() == "flags" and flags is None:
+            flags = " ".join(sorted(value.split()))
+    digest = f", flags {hashlib.sha256(flags.encode()).hexdigest()[:8]}" if flags else ""
+    return f"{model} ({capability}{digest})"
 
 
 def check_machine(p, chosen, seeds, args):
@@ -154,8 +171,9 @@ def check_machine(p, chosen, seeds, args):
             # unfinished: its checkpoint, resumed here, would finish as a run of two machines (--overwrite: begun again)
             was, made = checkpoint.read_json(os.path.join(run_dir, BEGUN)), "was begun on"
         if isinstance(was, dict) and was.get("machine") not in (None, here):
-            p.error(f"{run_dir} {made} {was['machine']}, this machine is {here}: its seeds would not pair with runs "
-                    f"made here; choose another --out for them (tools.paired takes both folders)")
+            older = " (a record from before the CPU's flags were kept)" if "flags" not in was["machine"] else ""
+            p.error(f"{run_dir} {made} {was['machine']}{older}, this machine is {here}: its seeds would not pair with "
+                    f"runs made here; choose another --out for them (tools.paired takes both folders)")
 
 
 def has_checkpoint(run_dir: str) -> bool:
