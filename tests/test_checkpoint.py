@@ -524,7 +524,6 @@ def test_finite_or_none_writes_null_for_undefined_values():
 def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
     path = str(tmp_path / "done.json")
     checkpoint.write_json(path, {"seed": 1})
-    real_dump = json.dump
 
     def killed_half_way(obj, f, **kw):  # a kill while writing: part of the text, then nothing more
         f.write('{"seed": ')
@@ -534,7 +533,7 @@ def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         checkpoint.write_json(path, {"seed": 2})
     assert checkpoint.read_json(path) == {"seed": 1}  # the file before, not the half-written one
-    monkeypatch.setattr(json, "dump", real_dump)
+    monkeypatch.undo()
     checkpoint.write_json(path, {"seed": 2})
     assert checkpoint.read_json(path) == {"seed": 2}
 

@@ -141,12 +141,17 @@ def test_a_kill_while_done_json_is_written_leaves_none(tmp_path, monkeypatch):
     fake_train(tmp_path, monkeypatch)
     finished_run(tmp_path / "cmp" / "grpo-seed0")
 
-    def killed(obj, f, **kw):
+    real_dump = json.dump
+
+    def killed(obj, f, **kw):  # only done.json's dump (settings.json's goes through): a kill half-way through it
+        if not (isinstance(obj, dict) and "seed" in obj):
+            return real_dump(obj, f, **kw)
         f.write(json.dumps(obj)[:5])
         raise KeyboardInterrupt
-    monkeypatch.setattr(json, "dump", killed)  # checkpoint.write_json's dump
+    monkeypatch.setattr(json, "dump", killed)
     with pytest.raises(KeyboardInterrupt):
         compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(tmp_path / "cmp")])
+    assert (tmp_path / "argv").exists()  # the run ran: the kill came at its done.json
     assert not (tmp_path / "cmp" / "grpo-seed0" / "done.json").exists()
 
 
@@ -227,7 +232,12 @@ def test_the_machine_record_tells_apart_two_cpus_of_one_name():
     one = compare.cpu_record(cpuinfo("fpu avx512f avx512_bf16"), "x86_64", "AVX512")
     assert one.startswith("Intel(R) Xeon(R) Processor (AVX512, flags ")
     assert compare.cpu_record(cpuinfo("avx512_bf16 fpu avx512f"), "x86_64", "AVX512") == one  # order is not a CPU
+    assert compare.cpu_record(cpuinfo("fpu avx512f avx512_bf16 md_clear"), "x86_64", "AVX512") == one  # the kernel's
     assert compare.cpu_record(cpuinfo("fpu avx512f avx512_bf16 avx512_fp16"), "x86_64", "AVX512") != one
+    arm = "processor\t: 0\nFeatures\t: fp asimd sve\nCPU implementer\t: 0x41\n"  # ARM: Features, no model name
+    assert compare.cpu_record(arm, "aarch64", "SVE256").startswith("aarch64 (SVE256, flags ")
+    assert compare.cpu_record(arm.replace(" sve", ""), "aarch64", "SVE256") != compare.cpu_record(arm, "aarch64",
+                                                                                                   "SVE256")
     assert compare.cpu_record("", "arm64", "DEFAULT") == "arm64 (DEFAULT)"  # no /proc/cpuinfo (macOS)
 
 
@@ -255,11 +265,12 @@ def test_a_moved_comparison_is_reused_and_another_machines_folder_refuses_new_ru
     err = capsys.readouterr().err.splitlines()[-1]
     assert e.value.code == 2 and "made on Another CPU (AVX2, flags 01234567), this machine is" in err and "another --out" in err
     assert not (moved / "grpo-seed1").exists()
-    (moved / "grpo-seed0" / "done.json").write_text(json.dumps(dict(done, machine=compare.machine().split(",")[0]
-                                                                    + ")")))
+    monkeypatch.setattr(compare, "machine", lambda: "Intel(R) Xeon(R) Processor (AVX512, flags 01234567)")
+    (moved / "grpo-seed0" / "done.json").write_text(json.dumps(dict(done, machine="Intel(R) Xeon(R) Processor "
+                                                                    "(AVX512)")))
     with pytest.raises(SystemExit) as e:  # recorded without flags: the same name may be another CPU
         compare.main(flags + ["--seeds", "0,1", "--out", str(moved)])
-    assert "from before the CPU's flags were kept" in capsys.readouterr().err.splitlines()[-1]
+    assert "recorded before the CPU's flags were" in capsys.readouterr().err.splitlines()[-1]
     # a run begun and stopped at a checkpoint records its machine from the start: resumed on another machine it
     # would be half of each, so it is refused too; with --overwrite, or without a checkpoint, it starts over here
     monkeypatch.undo()  # subprocess.run again

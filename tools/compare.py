@@ -142,19 +142,25 @@ def machine() -> str:
                       torch.backends.cpu.get_cpu_capability()) + gpu
 
 
+# The feature names that choose a kernel's instructions (x86 "flags", ARM "Features"): the kernel's own entries (pti,
+# md_clear, hypervisor) change with its version on the same CPU and are left out
+ISA = ("avx", "amx", "fma", "f16c", "sse", "ssse", "asimd", "sve", "sme", "bf16", "i8mm", "fp")
+
+
 def cpu_record(cpuinfo: str, fallback: str, capability: str) -> str:
-    """The CPU's model name, the kernels torch picks for it and a digest of its feature flags. The name is not
+    """The CPU's model name, the kernels torch picks for it and a digest of its instruction sets. The name is not
     enough: two hosts that both called themselves "Intel(R) Xeon(R) Processor (AVX512)" made other runs of one seed
-    (step 0's greedy accuracy 0.180 and 0.172, docs/LOG.md 2026-12-02), and only their flags can tell them apart."""
-    model, flags = fallback, None
+    (step 0's greedy accuracy 0.180 and 0.172, docs/LOG.md 2026-12-02); what else differed between them is not known,
+    their instruction sets being the likeliest."""
+    model, isa = None, None
     for line in cpuinfo.splitlines():  # the first processor's lines: every core of a host is the same CPU
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and model is fallback:
-            model = value.strip()
-        elif key.strip() == "flags" and flags is None:
-            flags = " ".join(sorted(value.split()))
-    digest = f", flags {hashlib.sha256(flags.encode()).hexdigest()[:8]}" if flags else ""
-    return f"{model} ({capability}{digest})"
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "model name" and model is None:
+            model = value or None
+        elif key.lower() in ("flags", "features") and isa is None:
+            isa = " ".join(sorted(f for f in value.split() if f.startswith(ISA)))
+    digest = f", flags {hashlib.sha256(isa.encode()).hexdigest()[:8]}" if isa else ""
+    return f"{model or fallback} ({capability}{digest})"
 
 
 def check_machine(p, chosen, seeds, args):
@@ -171,9 +177,11 @@ def check_machine(p, chosen, seeds, args):
             # unfinished: its checkpoint, resumed here, would finish as a run of two machines (--overwrite: begun again)
             was, made = checkpoint.read_json(os.path.join(run_dir, BEGUN)), "was begun on"
         if isinstance(was, dict) and was.get("machine") not in (None, here):
-            older = " (a record from before the CPU's flags were kept)" if "flags" not in was["machine"] else ""
-            p.error(f"{run_dir} {made} {was['machine']}{older}, this machine is {here}: its seeds would not pair with "
-                    f"runs made here; choose another --out for them (tools.paired takes both folders)")
+            older = (", flags " in here and ", flags " not in was["machine"]) and (
+                " (recorded before the CPU's flags were: if step 0's eval_accuracy here equals theirs, this is their "
+                "machine, and their records' \"machine\" may be set to this one's)")
+            p.error(f"{run_dir} {made} {was['machine']}, this machine is {here}: its seeds would not pair with runs "
+                    f"made here; choose another --out for them (tools.paired takes both folders){older or ''}")
 
 
 def has_checkpoint(run_dir: str) -> bool:
