@@ -258,12 +258,13 @@ def test_a_moved_comparison_is_reused_and_another_machines_folder_refuses_new_ru
     old = dict(done, flags=done["flags"] + ["--run-dir", str(out / "grpo-seed0")])  # as compare.py wrote it before
     (moved / "grpo-seed0" / "done.json").write_text(json.dumps(old))
     compare.main(flags + ["--seeds", "0", "--out", str(moved)])  # reused too
-    (moved / "grpo-seed0" / "done.json").write_text(json.dumps(dict(done, machine="Another CPU (AVX2, flags 01234567)")))
+    other = "Another CPU (AVX2, flags 01234567)"
+    (moved / "grpo-seed0" / "done.json").write_text(json.dumps(dict(done, machine=other)))
     compare.main(flags + ["--seeds", "0", "--out", str(moved)])  # nothing to run: the tables are remade
     with pytest.raises(SystemExit) as e:
         compare.main(flags + ["--seeds", "0,1", "--out", str(moved)])
     err = capsys.readouterr().err.splitlines()[-1]
-    assert e.value.code == 2 and "made on Another CPU (AVX2, flags 01234567), this machine is" in err and "another --out" in err
+    assert e.value.code == 2 and f"made on {other}, this machine is" in err and "another --out" in err
     assert not (moved / "grpo-seed1").exists()
     monkeypatch.setattr(compare, "machine", lambda: "Intel(R) Xeon(R) Processor (AVX512, flags 01234567)")
     (moved / "grpo-seed0" / "done.json").write_text(json.dumps(dict(done, machine="Intel(R) Xeon(R) Processor "
