@@ -225,7 +225,8 @@ def test_a_finished_comparison_is_not_reused_under_other_train_flags(tmp_path, m
 
 def test_the_machine_record_tells_apart_two_cpus_of_one_name():
     # two hosts called "Intel(R) Xeon(R) Processor" with torch's AVX512 kernels made other runs of one seed
-    # (docs/LOG.md 2026-12-02): their flags tell them apart, and the same host gives the same record
+    # (docs/LOG.md 2026-12-02): a digest of their instruction sets tells such CPUs apart where those differ, and the
+    # same host gives the same record
     def cpuinfo(flags):  # two cores, as /proc/cpuinfo lists them
         return "".join(f"processor\t: {i}\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: {flags}\n\n"
                        for i in range(2))
