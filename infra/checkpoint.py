@@ -59,11 +59,11 @@ def read_json(path: str):
         return None
 
 
-def write_json(path: str, obj):
+def write_json(path: str, obj, **dump):
     """A JSON file written whole or not at all: a kill while writing leaves the file before (or none), never a
-    half-written one that read_json would take for missing."""
+    half-written one that read_json would take for missing. dump: json.dump's options (indent, default)."""
     with open(path + ".tmp", "w") as f:
-        json.dump(obj, f)
+        json.dump(obj, f, **dump)
     os.replace(path + ".tmp", path)
 
 
@@ -246,11 +246,8 @@ def _lock(run_dir: str):
 def write_info(run_dir: str, args, finished: bool, step: int = None):
     """run.json: the method and settings (as parsed, presets applied), and whether the run reached its end."""
     info = {"method": args.method, "finished": finished, "step": step, "args": vars(args)}
-    tmp = os.path.join(run_dir, "run.json.tmp")
     try:
-        with open(tmp, "w") as f:
-            json.dump(info, f, indent=1, default=str)
-        os.replace(tmp, os.path.join(run_dir, "run.json"))
+        write_json(os.path.join(run_dir, "run.json"), info, indent=1, default=str)
     except OSError as e:
         fail(f"{os.path.join(run_dir, 'run.json')}: cannot be written ({e.strerror or e})")
 
