@@ -46,6 +46,7 @@ import rlsd
 import sample
 import surprisal
 import shear
+from config.shared import number
 from infra import models
 
 @dataclass(frozen=True)
@@ -187,9 +188,36 @@ class HeatMap(NamedTuple):
     scale: float  # the distance from the centre at full colour
 
 
+@dataclass(frozen=True)
+class Knob:
+    """One flag of a rule's own. train.py's parser is built from the rules' knobs (config/training.py: a group per
+    rule in --help), so an ablation knob is one line beside its rule. A knob left out takes its rule's default
+    (Rule.defaults, for the data or the model), else `default`; one given to a method whose rule does not read it
+    is refused, since it would be recorded and ignored."""
+    flag: str  # "--ktae-alpha"
+    default: object  # None: the rule's defaults() set it, or the setting is off
+    help: str
+    type: Callable = None  # config.shared.number, int or str; None: a switch (present = True)
+    choices: tuple = None
+    check: Callable = None  # value -> why it is refused (the text after "--flag value: "), or None
+
+    @property
+    def dest(self) -> str:
+        return self.flag[2:].replace("-", "_")
+
+
+def at_least(low):
+    return lambda v: None if v >= low else f"must be at least {low}"
+
+
+def above(low):
+    return lambda v: None if v > low else f"must be greater than {low}"
+
+
 @dataclass
 class Rule:
     advantages: Callable  # (batch, rewards, mask, ctx) -> TokenAdvantages
+    knobs: tuple = ()  # its flags (Knob), e.g. KTAE's --ktae-alpha; a knob shared by several rules is one Knob
     # (dataset, model) -> flag defaults of this rule, a flag given explicitly winning; dataset: the data.Dataset of
     # --dataset, model: --model's name
     defaults: Callable = lambda dataset, model: {}
@@ -249,6 +277,50 @@ def _oar_defaults(probe: str):
     return lambda dataset, model: {"oar_probe": probe, "oar_cue": dataset.cue, "oar_chunk": models.oar_chunk(model)}
 
 
+# Each rule's knobs (train.py's flags of that rule; --help shows them grouped by rule). The checks here are the
+# ranges a value alone must lie in; Rule.check says what a combination of them makes meaningless.
+KTAE_KNOBS = (
+    Knob("--ktae-alpha", 1.0, "K6 weight of the Fisher strength (0: ablate)", number, check=at_least(0)),
+    Knob("--ktae-beta", 1.0, "K6 weight of the information gain (0: ablate)", number, check=at_least(0)),
+    Knob("--ktae-top", 1.0, "K6 largest key-token value", number, check=above(0)),
+    Knob("--ktae-no-tf", False, "K5 without the BM25 frequency term (D = h)"),
+)
+OAR_KNOBS = (
+    Knob("--oar-q", 0.25, "O5 quantile level (an independent reimplementation: 0.4)", number,
+         check=lambda v: None if 0 < v < 1 else "O5's quantile level must lie strictly between 0 and 1"),
+    Knob("--oar-beta", 1.0, "O5 boost (an independent reimplementation: 2.0)", number, check=at_least(0)),
+    Knob("--oar-sigma", 1e-3, "O3 noise on the reasoning embeddings", number, check=above(0)),
+    Knob("--oar-probe", None, "O1 outcome probe (oar-p: last; oar-g: answer_mean)", str,
+         choices=("last", "answer_mean")),
+    Knob("--oar-cue", None, "the conclude cue appended after the reasoning (default: the data's; the tiny world's "
+                            "own '\\boxed{', OAR's sentence elsewhere: EQUATIONS.md#oar-spans)", str),
+)
+SCORING_CHUNK = Knob("--oar-chunk", None, "sequences per scoring forward (O2: perturbed copies; O3 and GRAIL: "
+                                          "rollouts); default 64 on the tiny model, 8 for other models (a backward "
+                                          "keeps every layer's activations)", int, check=at_least(1))
+GRAIL_KNOBS = (
+    Knob("--grail-symmetry", "wrong", "R5: the rollouts weighted by saliency: of negative advantage (the authors' "
+                                      "default), positive, or both; the others keep weight 1 but on their box", str,
+         choices=("wrong", "correct", "both")),
+    Knob("--grail-std", 0.5, "R5: w = 1 + std z before the clip", number, check=above(0)),
+    Knob("--grail-min", 0.5, "R5: the smallest weight", number, check=above(0)),
+    Knob("--grail-max", 5.0, "R5: the largest weight, and the box's content's", number),
+)
+SHEAR_KNOBS = (
+    Knob("--shear-span", 4, "S2: tokens a span (the hidden states compared as one set)", int),
+    Knob("--shear-alpha", 1.0, "S4: w = 1 + alpha (d / mean d - 1); 0 is GRPO, 1 the distance ratio itself", number),
+)
+RLSD_KNOBS = (
+    Knob("--rlsd-eps", 0.2, "L3: the teacher's weight is clipped to 1 +- eps", number),
+    Knob("--rlsd-lambda", 1.0, "L4: A_t = A ((1 - lambda) + lambda w_t); 0 is GRPO", number),
+)
+ENTROPY_KNOBS = (
+    Knob("--top-entropy-quantile", 0.2, "E1: the share of the batch's tokens, by sampling entropy, that the entropy "
+                                        "rule trains on", number,
+         check=lambda v: None if 0 < v <= 1 else "E1's share of tokens must lie in (0, 1]"),
+)
+
+
 # heat maps: KTAE's values around 0 (K6's range is -1..1), OAR's and GRAIL's weights around 1 (O5's boost is
 # --oar-beta; R5 clips to 0.5..5), E1's entropies around the batch's threshold tau. blame: KTAE's most negative
 # key-token value, OAR's and GRAIL's highest weight (a wrong rollout's advantage is negative, so its largest weight
@@ -257,29 +329,31 @@ def _oar_defaults(probe: str):
 # (-delta: on a wrong rollout L3's weight exp(-delta) before its clip, so the clip's ties do not hide the order).
 RULES = {
     "none": Rule(none, reads_scores=False),
-    "ktae": Rule(key_tokens, check=_ktae_check, reads_scores=False, needs_group=True,
+    "ktae": Rule(key_tokens, knobs=KTAE_KNOBS, check=_ktae_check, reads_scores=False, needs_group=True,
                  heatmap=lambda adv, batch, mask, args: HeatMap("ktae", "key-token values", 0.0, 1.0),
                  blame=lambda adv, batch, mask, args: -adv.values),
-    "oar-p": Rule(outcome_grounded("perturb"), defaults=_oar_defaults("last"), reads_scores=False, scoring="forward",
+    "oar-p": Rule(outcome_grounded("perturb"), knobs=OAR_KNOBS + (SCORING_CHUNK,), defaults=_oar_defaults("last"),
+                  reads_scores=False, scoring="forward",
                   heatmap=lambda adv, batch, mask, args: HeatMap("oar", "OAR weights", 1.0, args.oar_beta),
                   blame=lambda adv, batch, mask, args: adv.values),
-    "oar-g": Rule(outcome_grounded("gradient"), defaults=_oar_defaults("answer_mean"), reads_scores=False,
-                  scoring="backward",
+    "oar-g": Rule(outcome_grounded("gradient"), knobs=OAR_KNOBS + (SCORING_CHUNK,),
+                  defaults=_oar_defaults("answer_mean"), reads_scores=False, scoring="backward",
                   heatmap=lambda adv, batch, mask, args: HeatMap("oar", "OAR weights", 1.0, args.oar_beta),
                   blame=lambda adv, batch, mask, args: adv.values),
-    "grail": Rule(gradient_saliency, defaults=lambda dataset, model: {"oar_chunk": models.oar_chunk(model)},
+    "grail": Rule(gradient_saliency, knobs=GRAIL_KNOBS + (SCORING_CHUNK,),
+                  defaults=lambda dataset, model: {"oar_chunk": models.oar_chunk(model)},
                   check=_grail_check, reads_scores=False, scoring="backward",
                   heatmap=lambda adv, batch, mask, args: HeatMap("grail", "GRAIL weights", 1.0, 1.0),
                   blame=lambda adv, batch, mask, args: adv.values),
-    "shear": Rule(hidden_divergence, check=_shear_check, reads_scores=False, needs_group=True,
+    "shear": Rule(hidden_divergence, knobs=SHEAR_KNOBS, check=_shear_check, reads_scores=False, needs_group=True,
                   forward_once="hidden states",
                   heatmap=lambda adv, batch, mask, args: HeatMap("shear", "SHEAR weights", 1.0, 1.0),
                   blame=lambda adv, batch, mask, args: adv.values),
-    "rlsd": Rule(self_distilled, check=_rlsd_check, forward_once="logits",
+    "rlsd": Rule(self_distilled, knobs=RLSD_KNOBS, check=_rlsd_check, forward_once="logits",
                  heatmap=lambda adv, batch, mask, args: HeatMap("rlsd", "teacher evidence (log pi_T - log pi_old)",
                                                                 0.0, 1.0),
                  blame=lambda adv, batch, mask, args: -adv.values),
-    "entropy": Rule(high_entropy, blame=lambda adv, batch, mask, args: adv.values,
+    "entropy": Rule(high_entropy, knobs=ENTROPY_KNOBS, blame=lambda adv, batch, mask, args: adv.values,
                     heatmap=lambda adv, batch, mask, args: HeatMap("entropy", "sampling entropy",
                                                                    entropy.entropy_threshold(
                                                                        batch["entropy"], mask,
@@ -307,3 +381,120 @@ def short_names() -> list:
 def names() -> list:
     """Every --method: the short names first, then each BASE+RULE."""
     return short_names() + [f"{b}+{r}" for b in BASES for r in RULES if r != "none"]
+
+
+def knobs() -> dict:
+    """Every rule's knobs, in the table's order: {dest: (Knob, [names of the rules that read it])}."""
+    out = {}
+    for name, rule in RULES.items():
+        for k in rule.knobs:
+            out.setdefault(k.dest, (k, []))[1].append(name)
+    return out
+
+
+def add_knobs(p):
+    """The rules' knobs as flags of p, a group per set of rules (so --help lists them by rule), each defaulting to
+    None: resolve_knobs can then tell a knob given from one left out."""
+    groups = {}
+    for k, owners in knobs().values():
+        title = f"rule{'s' * (len(owners) > 1)} {', '.join(owners)}"
+        if title not in groups:
+            groups[title] = p.add_argument_group(title)
+        shown = f"{k.help} (default: {k.default})" if k.default not in (None, False) else k.help
+        if k.type is None:
+            groups[title].add_argument(k.flag, action="store_true", default=None, help=shown)
+        else:
+            groups[title].add_argument(k.flag, type=k.type, choices=k.choices, default=None, help=shown,
+                                       metavar=None if k.choices else k.dest.upper().split("_")[-1])
+
+
+def resolve_knobs(args, dataset) -> str:
+    """Fill in args' knobs: a knob given wins, then the rule's defaults (for the data and the model), then the
+    knob's own default. Returns why the knobs are refused (a knob of another rule given, or a value out of its
+    range), else None."""
+    rule = RULES[args.rule]
+    own = {k.dest for k in rule.knobs}
+    for dest, (k, owners) in knobs().items():
+        value = getattr(args, dest, None)
+        if dest not in own and value is not None:
+            return (f"{k.flag}{'' if value is True else f' {value}'}: a flag of {', '.join(owners)}, which --method "
+                    f"{args.method} does not use (it would be recorded and ignored)")
+    defaults = rule.defaults(dataset, args.model)
+    for dest, (k, _) in knobs().items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, defaults.get(dest, k.default))
+    for k in rule.knobs:
+        why = k.check(getattr(args, k.dest)) if k.check and getattr(args, k.dest) is not None else None
+        if why:
+            return f"{k.flag} {getattr(args, k.dest)}: {why}"
+    return rule.check(args) if rule.check else None
+
+
+def owned_elsewhere(rule: str) -> set:
+    """The knobs (dests) that a run of rule does not read: a run.json repeated as a recipe leaves them out."""
+    return {dest for dest, (_, owners) in knobs().items() if rule not in owners}
+
+
+# ---- a reader's own rules: --rules-file FILE (train.py, tools.compare, tools.attribution, scaling.trl_train) -------
+_LOADED = {}  # the rule files loaded, by absolute path: {path: the rule names each added}
+
+
+def load_rules(spec: str, flag: str = "--rules-file") -> list:
+    """Import a reader's rule file (a .py path) or module (a dotted name) that adds entries to RULES, as the README's
+    "Adding a token rule" shows; returns the names it added. Refused in one line (ValueError) where it cannot be
+    read or imported, adds no rule, or replaces a rule of the table (a variant of one gets a name of its own)."""
+    import importlib
+    import importlib.util
+    import os
+    path = os.path.abspath(spec) if spec.endswith(".py") or os.path.isfile(spec) else None
+    if path in _LOADED:
+        return _LOADED[path]
+    before = dict(RULES)
+    try:
+        if path:
+            if not os.path.isfile(path):
+                raise ValueError(f"{flag} {spec}: no such file")
+            name = "rules_" + os.path.splitext(os.path.basename(path))[0]
+            loader = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(loader)
+            loader.loader.exec_module(module)
+        else:
+            importlib.import_module(spec)
+    except ValueError:
+        raise
+    except Exception as e:  # a reader's file: any error it raises is its own, said in one line with its place
+        where = e.__traceback__
+        while where.tb_next:
+            where = where.tb_next
+        RULES.clear()
+        RULES.update(before)
+        raise ValueError(f"{flag} {spec}: does not import ({type(e).__name__}: {e}, line {where.tb_lineno} of "
+                         f"{os.path.basename(where.tb_frame.f_code.co_filename)})") from None
+    replaced = [n for n in before if RULES.get(n) is not before[n]]
+    added = [n for n in RULES if n not in before]
+    if replaced:
+        RULES.clear()
+        RULES.update(before)
+        raise ValueError(f"{flag} {spec}: replaces the rule {', '.join(replaced)} of methods.RULES; give its "
+                         f"variant a name of its own (e.g. {replaced[0]}-mine)")
+    clash = [n for n in added if n in BASES or "+" in n or "[" in n or "," in n]
+    if clash:
+        for n in added:
+            del RULES[n]
+        raise ValueError(f"{flag} {spec}: the rule name {clash[0]!r} is a base's or holds '+', '[' or ','")
+    if not added:
+        raise ValueError(f"{flag} {spec}: adds no rule (it should end with methods.RULES[\"name\"] = "
+                         f"methods.Rule(function), README.md \"Adding a token rule\")")
+    _LOADED[path or spec] = added
+    return added
+
+
+def rules_file_of(argv: list):
+    """The --rules-file value in a command line, or None: the file is loaded before the parser is built, since its
+    rules are --method choices and its knobs flags."""
+    for i, word in enumerate(argv):
+        if word == "--rules-file" and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith("--rules-file="):
+            return word.split("=", 1)[1]
+    return None

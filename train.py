@@ -71,7 +71,7 @@ def loop(run):
     args, rule = run.args, methods.RULES[run.args.rule]
     bar = tqdm(range(run.step, args.steps), initial=run.step, total=args.steps, desc=args.method)
     for step in bar:
-        t_step = time.time()
+        t_step, cpu_step = time.time(), time.process_time()
         run.peaks.start()  # each phase's peak memory, logged: what --dry-run's plan is checked against
         # ---- 1. sample B prompts x G rollouts, with log pi_old of every sampled token --------------------------
         checker = reward.new_stats()  # the grader's counts (answers without a box, timeouts), logged below
@@ -104,8 +104,9 @@ def loop(run):
         t_train = time.time() - t0
 
         # ---- 6. log (infra/logbook.py) -------------------------------------------------------------------------
-        times = {"time_sample": t_sample, "time_train": t_train, "time_step": time.time() - t_step,
-                 "time_advantage": t_advantage}
+        wall = time.time() - t_step
+        times = {"time_sample": t_sample, "time_train": t_train, "time_step": wall, "time_advantage": t_advantage,
+                 "time_cpu_share": (time.process_time() - cpu_step) / max(wall * torch.get_num_threads(), 1e-9)}
         record = logbook.step_record(step + 1, batch, rewards, mask, adv, checker, draw, stats, times,
                                      lr=run.scheduler.get_last_lr()[0], peaks=run.peaks.record(),
                                      concentration=oar.advantage_concentration(adv.tokens, mask, adv.seq))  # O7

@@ -38,7 +38,11 @@ def read(path: str) -> dict:
         raise Refused(f"--config {path}: not YAML ({getattr(e, 'problem', None) or e}"
                       + (f", line {where.line + 1})" if where else ")")) from None
     if isinstance(values, dict) and isinstance(values.get("args"), dict) and "method" in values:  # a run.json
-        values = {k: v for k, v in values["args"].items() if k not in DERIVED + NOT_REPEATED}
+        # and not the knobs of rules other than its own (methods.Knob): filled in with their defaults, they would be
+        # refused as given to a method that does not read them
+        foreign = methods.owned_elsewhere(values["args"]["rule"]) if values["args"].get("rule") in methods.RULES \
+            else set()
+        values = {k: v for k, v in values["args"].items() if k not in DERIVED + NOT_REPEATED and k not in foreign}
     if not isinstance(values, dict):
         raise Refused(f"--config {path}: a recipe is a mapping of flags to values (key: value lines), not "
                       f"{type(values).__name__}")

@@ -16,7 +16,7 @@ from infra import cli, lora, track
 
 def parser() -> argparse.ArgumentParser:
     p = cli.Parser(description="Critic-free RL for math reasoning: GRPO, DAPO, KTAE, OAR (train.py)",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=cli.Defaults)
     shared.add_shared_flags(p)
     p.add_argument("--method", choices=methods.names(), default="grpo", metavar="METHOD",
                    help="BASE+RULE (methods.py): grpo, dapo (its preset below), ktae = grpo+ktae, dapo+ktae, "
@@ -90,41 +90,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--signed-reward", action=argparse.BooleanOptionalAction, default=None,
                    help="rewards +1 / -1 as DAPO (default 1 / 0)")
     p.add_argument("--no-std-scale", action="store_true", help="G1 Dr. GRPO: A = r - mean(r)")
-    # KTAE (K6 weights and the paper's ablations)
-    p.add_argument("--ktae-alpha", type=number, default=1.0, help="K6 weight of the Fisher strength (0: ablate)")
-    p.add_argument("--ktae-beta", type=number, default=1.0, help="K6 weight of the information gain (0: ablate)")
-    p.add_argument("--ktae-top", type=number, default=1.0, help="K6 largest key-token value")
-    p.add_argument("--ktae-no-tf", action="store_true", help="K5 without the BM25 frequency term (D = h)")
-    # OAR (oar.py O1-O5)
-    p.add_argument("--oar-q", type=number, default=0.25,
-                   help="O5 quantile level (an independent reimplementation: 0.4)")
-    p.add_argument("--oar-beta", type=number, default=1.0, help="O5 boost (an independent reimplementation: 2.0)")
-    p.add_argument("--oar-sigma", type=number, default=1e-3, help="O3 noise on the reasoning embeddings")
-    p.add_argument("--oar-probe", choices=["last", "answer_mean"], default=None,
-                   help="O1 outcome probe (oar-p: last; oar-g: answer_mean)")
-    p.add_argument("--oar-chunk", type=int, default=None,
-                   help="sequences per scoring forward (O2: perturbed copies; O3 and GRAIL: rollouts); default 64 on "
-                        "the tiny model, 8 for other models (a backward keeps every layer's activations)")
-    p.add_argument("--oar-cue", default=None,
-                   help="the conclude cue appended after the reasoning (default: the data's; the tiny world's own "
-                        "'\\boxed{', OAR's sentence elsewhere: EQUATIONS.md#oar-spans)")
-    # GRAIL (grail.py R1-R6; its scoring chunk is --oar-chunk's)
-    p.add_argument("--grail-symmetry", choices=["wrong", "correct", "both"], default="wrong",
-                   help="R5: the rollouts weighted by saliency: of negative advantage (the authors' default), "
-                        "positive, or both; the others keep weight 1 but on their box")
-    p.add_argument("--grail-std", type=number, default=0.5, help="R5: w = 1 + std z before the clip")
-    p.add_argument("--grail-min", type=number, default=0.5, help="R5: the smallest weight")
-    p.add_argument("--grail-max", type=number, default=5.0, help="R5: the largest weight, and the box's content's")
-    # SHEAR (shear.py S1-S5) and RLSD (rlsd.py L1-L4)
-    p.add_argument("--shear-span", type=int, default=4, help="S2: tokens a span (the hidden states compared as one set)")
-    p.add_argument("--shear-alpha", type=number, default=1.0,
-                   help="S4: w = 1 + alpha (d / mean d - 1); 0 is GRPO, 1 the distance ratio itself")
-    p.add_argument("--rlsd-eps", type=number, default=0.2, help="L3: the teacher's weight is clipped to 1 +- eps")
-    p.add_argument("--rlsd-lambda", type=number, default=1.0,
-                   help="L4: A_t = A ((1 - lambda) + lambda w_t); 0 is GRPO")
-    # the high-entropy minority (methods.py E1)
-    p.add_argument("--top-entropy-quantile", type=number, default=0.2,
-                   help="E1: the share of the batch's tokens, by sampling entropy, that the entropy rule trains on")
+    p.add_argument("--rules-file", default=None, metavar="FILE",
+                   help="a file (or module) of your own token rules, each added to methods.RULES (README.md, "
+                        "\"Adding a token rule\"); then --method NAME runs yours")
     # evaluation and saving
     p.add_argument("--eval-every", type=int, default=50,
                    help="greedy held-out evaluation every N steps (0: never during the run); the evaluations before "
@@ -155,13 +123,33 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--memory", "--gpu-memory", type=number, default=None,
                    help="GiB the --dry-run plan is held against (default: the GPU's when --device is one, else this "
                         "machine's memory)")
+    methods.add_knobs(p)  # each rule's own flags (methods.Rule.knobs), a group per rule in --help
     return p
+
+
+def load_rules_file(argv: list):
+    """A --rules-file in argv (or in the run.json or recipe of its --config) loaded into methods.RULES before the
+    parser is built: its rules are --method choices, their knobs flags. A refusal is Refused."""
+    spec = methods.rules_file_of(argv)
+    if spec is None:
+        path = methods.rules_file_of(["--rules-file" if w == "--config" else w for w in argv])  # the recipe's path
+        values = recipe.read(path) if path else {}
+        spec = values.get("rules-file", values.get("rules_file")) if isinstance(values, dict) else None
+    if spec:
+        try:
+            methods.load_rules(str(spec))
+        except ValueError as e:
+            raise Refused(str(e)) from None
 
 
 def parse_args(argv=None):
     """train.py's settings from its command line: the flags, resolved (resolve); a refusal is argparse's error."""
-    p = parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        load_rules_file(argv)
+    except Refused as e:
+        sys.exit(f"train.py: error: {e}")
+    p = parser()
     with shared.as_errors_of(p):
         args = p.parse_args(recipe.expand(p, argv))  # --config's flags first: the command line's, later, win
         return resolve(args)
@@ -172,6 +160,7 @@ def parse_args_one_line(argv: list, **given):
     starts; the TRL path passes the rule's flags as text and, by name in `given`, the values GRPOConfig decides
     (typed, not written out as flags). A refusal is SystemExit(its one line), not argparse's usage of every flag."""
     try:
+        load_rules_file(argv)
         args = shared.parse_quietly(parser(), argv)
         for name, value in given.items():
             setattr(args, name, value)
@@ -188,9 +177,12 @@ def resolve(args):
     except ValueError as e:
         raise Refused(str(e)) from None
     ds, base = data.dataset(args.dataset), methods.BASES[args.base]
-    for k, v in {**base.flags, **methods.RULES[args.rule].defaults(ds, args.model)}.items():
+    for k, v in base.flags.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    why = methods.resolve_knobs(args, ds)  # the rule's own flags: given, else its defaults; a foreign one refused
+    if why:
+        raise Refused(why)
     if args.max_new_tokens is None:
         args.max_new_tokens = ds.max_new_tokens
     if args.overlong_buffer is None:  # D4's L_cache: the base's share of the length limit (dapo: a sixth), or off
@@ -212,12 +204,10 @@ def check(args):
     shared.at_least(args, {"steps": 1, "prompts_per_step": 1, "max_new_tokens": 1, "micro_batch_size": 1, "mu": 1,
                            "eval_every": 0, "save_every": 0, "eval_limit": 1, "eval_batch_size": 1,
                            "max_sampling_rounds": 1, "gen_batch_size": 0, "problem_pool": 0, "warmup_steps": 0,
-                           "oar_chunk": 1, "lora_rank": 0})
+                           "lora_rank": 0})
     if args.group_size < 2:  # G1 divides by the group's standard deviation, which needs two rollouts
         raise Refused(f"--group-size {args.group_size}: must be at least 2 (G1 compares rollouts within a group)")
-    positive = {"lr": args.lr, "temperature": args.temperature, "grad_clip": args.grad_clip,
-                "oar_sigma": args.oar_sigma, "ktae_top": args.ktae_top, "grail_std": args.grail_std,
-                "grail_min": args.grail_min}
+    positive = {"lr": args.lr, "temperature": args.temperature, "grad_clip": args.grad_clip}
     for name, value in positive.items():
         if not value > 0:
             raise Refused(f"--{name.replace('_', '-')} {value}: must be greater than 0")
@@ -230,20 +220,12 @@ def check(args):
     shared.check_seed(args.seed)
     if not args.run_dir.strip():
         raise Refused(f"--run-dir {args.run_dir!r}: empty (leave the flag out for runs/METHOD-seedSEED)")
-    for name in ("beta", "ktae_alpha", "ktae_beta", "oar_beta"):
-        if not getattr(args, name) >= 0:
-            raise Refused(f"--{name.replace('_', '-')} {getattr(args, name)}: must be at least 0")
+    if not args.beta >= 0:
+        raise Refused(f"--beta {args.beta}: must be at least 0")
     if not 0 < args.eps_low < 1 or (args.eps_high is not None and not args.eps_high > 0):
         raise Refused(f"--eps-low {args.eps_low} / --eps-high {args.eps_high}: need 0 < eps-low < 1 and eps-high > 0")
     if args.dual_clip is not None and not args.dual_clip > 1:
         raise Refused(f"--dual-clip {args.dual_clip}: must be greater than 1")
-    if not 0 < args.oar_q < 1:
-        raise Refused(f"--oar-q {args.oar_q}: O5's quantile level must lie strictly between 0 and 1")
-    if not 0 < args.top_entropy_quantile <= 1:
-        raise Refused(f"--top-entropy-quantile {args.top_entropy_quantile}: E1's share of tokens must lie in (0, 1]")
-    why = methods.RULES[args.rule].check(args) if methods.RULES[args.rule].check else None
-    if why:
-        raise Refused(why)
     if not 0 <= args.overlong_buffer < args.max_new_tokens:
         raise Refused(f"--overlong-buffer {args.overlong_buffer}: must be at least 0 and below --max-new-tokens "
                       f"{args.max_new_tokens}")

@@ -26,3 +26,10 @@ class OneLine:
 
 class Parser(OneLine, argparse.ArgumentParser):
     """argparse's parser, OneLine."""
+
+
+class Defaults(argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each flag's default, except where it is None: a rule's knob is None until its rule's default
+    fills it (methods.Knob), and its help says that default itself."""
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)

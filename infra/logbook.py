@@ -46,6 +46,10 @@ def step_record(step: int, batch: dict, rewards, mask, adv, checker: dict, draw,
         "time_sample": times["time_sample"],
         "time_train": times["time_train"],
         "time_step": times["time_step"],  # sample + reward + advantage + loss + optimizer step
+        # the step's CPU seconds over its wall-clock seconds times torch's threads: near 1 (less for several threads,
+        # which wait on each other) on a machine of its own, lower where other work took the cores (the comparison
+        # tools then mark its timings as those of a shared machine: tools/paired.py)
+        "time_cpu_share": times["time_cpu_share"],
         **peaks,
         "time_advantage": times["time_advantage"],  # G1, and KTAE's K1-K7 or OAR's scoring (O1-O5)
         **{k: v for k, v in stats.items() if k not in ("grad_norm", "nonfinite_updates")},

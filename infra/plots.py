@@ -179,7 +179,7 @@ def curves(path: str, key: str, runs: dict, ylabel: str = None, title: str = Non
     ax.set_ylabel(ylabel or key)
     most = max(n_seeds, default=1)
     note = [f"mean of {'/'.join(map(str, sorted(n_seeds))) or 0} seed{'s' * (most > 1)}"]
-    note += ["band: lowest to highest seed"] if most > 1 else []
+    note += ["band: lowest to highest seed (as in tools.paired's curves)"] if most > 1 else []
     if max(windows, default=1) > 1:
         note += [f"moving average over {'/'.join(map(str, sorted(windows)))} steps, raw mean faint"]
     ax.set_title(f"{title or ylabel or key}\n({'; '.join(note)})", fontsize=10)

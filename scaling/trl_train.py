@@ -33,6 +33,7 @@ from trl import GRPOConfig, ModelConfig, get_peft_config  # noqa: E402
 
 import data  # noqa: E402
 import evaluate  # noqa: E402
+import methods  # noqa: E402
 from config import shared  # noqa: E402
 from infra import checkpoint, cli, cpu, lora, models  # noqa: E402
 from scaling import trl_grpo  # noqa: E402
@@ -44,6 +45,8 @@ class ScriptArguments:
                                                           "dapo+ktae, ... (methods.py)"})
     method_flags: str = field(default="", metadata={"help": "more train.py flags for the rule, e.g. '--ktae-top 2 "
                                                             "--oar-q 0.4' (config/training.py checks them)"})
+    rules_file: str = field(default=None, metadata={"help": "as train.py's --rules-file: your own token rules "
+                                                            "(README.md), loaded before --method is read"})
     model: str = field(default=models.DEFAULT, metadata={"help": "as train.py's --model"})
     dataset: str = field(default=data.DEFAULT, metadata={"help": "as train.py's --dataset: tiny (fresh problems), "
                                                                   "gsm8k, a .jsonl file, ..."})
@@ -74,6 +77,12 @@ def parse(argv=None):
     the base's presets (D1 epsilon_high, G5 loss_type) fill the GRPOConfig fields not given on the command line.
     LoRA's adapters go on every projection by default, as train.py's --lora-rank."""
     argv = sys.argv[1:] if argv is None else argv
+    spec = methods.rules_file_of([w.replace("--rules_file", "--rules-file") for w in argv])
+    if spec:  # a reader's rules, in every process, before --method is read
+        try:
+            methods.load_rules(spec, "--rules_file")
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     p = type("Parser", (cli.OneLine, HfArgumentParser), {})((ScriptArguments, GRPOConfig, ModelConfig))  # why: cli
     p.set_defaults(**DEFAULTS)
     check(p.parse_args(argv))

@@ -84,6 +84,18 @@ def test_flags_compare_sets_itself_are_refused_after_the_separator(tmp_path, cap
     (["--threads", "0"], "--threads 0: must be at least 1"),
     (["--", "--lr", "0"], "train.py refuses the flags of grpo seed 0: --lr 0.0: must be greater than 0"),
     (["--", "--bogus"], "train.py refuses the flags of grpo seed 0: unrecognized arguments: --bogus"),
+    # variants: a bracket left open, a flag compare.py sets, a flag train.py lacks, a flag of another rule, a flag also
+    # after --, flags that change nothing, one run under two spellings, a base that does not exist
+    (["--methods", "ktae[ktae-alpha=0"], "ktae[ktae-alpha=0: a variant is METHOD[flag=value,...]"),
+    (["--methods", "ktae[seed=3]"], "ktae[seed=3]: --seed is set by compare.py for every run"),
+    (["--methods", "ktae[bogus=1]"], "refuses the flags of ktae[bogus=1] seed 0: unrecognized arguments: --bogus 1"),
+    (["--methods", "grpo[ktae-alpha=0]"], "--ktae-alpha 0.0: a flag of ktae, which --method grpo does not use"),
+    (["--methods", "ktae[ktae-alpha=0]", "--", "--ktae-alpha", "0.5"], "--ktae-alpha is also given after --"),
+    (["--methods", "ktae,ktae[ktae-alpha=1.0]"], "ktae[ktae-alpha=1.0] makes the same runs as ktae"),
+    (["--methods", "ktae[ktae-alpha=0],grpo+ktae[ktae-alpha=0]"],
+     "grpo+ktae[ktae-alpha=0] is ktae[ktae-alpha=0] again"),
+    (["--methods", "nope[x=1]"], "--methods: unknown method 'nope'"),
+    (["--rules-file", "missing_rules.py"], "--rules-file missing_rules.py: no such file"),
 ])
 def test_bad_flags_are_one_line_before_any_run(tmp_path, monkeypatch, capsys, flags, named):
     monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a run was started"))
@@ -296,3 +308,66 @@ def test_a_moved_comparison_is_reused_and_another_machines_folder_refuses_new_ru
     compare.main(flags + ["--seeds", "0", "--out", str(run_dir.parent)])  # no checkpoint: started over here
     assert "--overwrite" in (tmp_path / "argv").read_text()
     assert json.loads((run_dir / "machine.json").read_text()) == {"machine": compare.machine()}
+
+
+def recorded_runs(tmp_path, monkeypatch):
+    """subprocess.run of every train.py replaced by a record of its command and a finished run in its --run-dir
+    (accuracy 0.25 at step 0, then 0.5; a variant with --ktae-alpha 0: 0.5 + 0.05 * seed). Returns the commands."""
+    commands, real = [], compare.subprocess.run
+
+    def fake(cmd, **kwargs):
+        if compare.TRAIN not in cmd:  # platform.processor() asks uname
+            return real(cmd, **kwargs)
+        commands.append(cmd)
+        run_dir = cmd[cmd.index("--run-dir") + 1]
+        seed = int(cmd[cmd.index("--seed") + 1])
+        recs = [{"step": 0, "eval_accuracy": 0.25, "eval_response_len": 30.0},
+                {"step": 1, "reward_mean": 0.5, "time_step": 1.0},
+                {"step": 1, "eval_accuracy": 0.5 + 0.05 * seed * ("--ktae-alpha" in cmd), "eval_response_len": 28.0}]
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in recs))
+        return type("Done", (), {"returncode": 0})()
+    monkeypatch.setattr(compare.subprocess, "run", fake)
+    return commands
+
+
+def test_a_variant_runs_beside_its_original_under_its_own_name(tmp_path, monkeypatch):
+    commands = recorded_runs(tmp_path, monkeypatch)
+    out = tmp_path / "cmp"
+    compare.main(["--methods", "ktae,ktae[ktae-alpha=0,ktae-no-tf]", "--seeds", "0,1,2", "--steps", "1", "--out",
+                  str(out), "--", "--lr", "1e-4"])
+    variant = [c for c in commands if "ktae.ktae-alpha=0.ktae-no-tf-seed1" in " ".join(c)][0]
+    # its flags come after the shared ones, and its train.py --method is the method's
+    assert variant[variant.index("--method") + 1] == "ktae" and variant[-5:] == ["--lr", "1e-4", "--ktae-alpha", "0",
+                                                                                 "--ktae-no-tf"]
+    done = json.load(open(out / "ktae.ktae-alpha=0.ktae-no-tf-seed1" / "done.json"))
+    assert done["method"] == "ktae[ktae-alpha=0,ktae-no-tf]" and "--ktae-no-tf" in done["flags"]
+    # paired against the first method by its name: differences 0, 0.05, 0.10: mean 0.05, sd 0.05, se 0.02887,
+    # t(2) 4.303: +- 0.1242; detectable (4.303 + 1.061) * 0.02887 = 0.1549
+    row = [x for x in open(out / "paired.md") if x.startswith("| ktae[ktae-alpha=0,ktae-no-tf] | 3 |")][0]
+    assert "| +0.050 [-0.074, +0.174] | +-0.155 | no difference detected |" in row
+    assert "`ktae[ktae-alpha=0,ktae-no-tf]`" not in open(out / "results.md").read()  # a row, not a code name
+    assert "| ktae[ktae-alpha=0,ktae-no-tf] | 3 |" in open(out / "results.md").read()
+
+
+def test_a_rules_file_reaches_every_run_and_its_content_is_recorded(tmp_path, monkeypatch):
+    import methods
+    from test_methods import readme_blocks
+    commands = recorded_runs(tmp_path, monkeypatch)
+    rules = tmp_path / "my_rules.py"
+    rules.write_text(readme_blocks()[0])
+    out = tmp_path / "cmp"
+    try:
+        compare.main(["--rules-file", str(rules), "--methods", "no-eos,no-eos[eos-share=0.5]", "--seeds", "0",
+                      "--steps", "1", "--out", str(out)])
+        assert all(c[c.index("--rules-file") + 1] == str(rules) for c in commands) and len(commands) == 2
+        recorded = json.load(open(out / "settings.json"))["--rules-file"]
+        assert recorded["name"] == str(rules) and len(recorded["sha256"]["my_rules.py"]) == 64
+        rules.write_text(readme_blocks()[0].replace("0.0,", "0.25,"))  # edited: another default, other runs
+        with pytest.raises(SystemExit, match="--rules-file"):
+            compare.main(["--rules-file", str(rules), "--methods", "no-eos", "--seeds", "0", "--steps", "1",
+                          "--out", str(out)])
+    finally:
+        methods.RULES.pop("no-eos", None)
+        methods._LOADED.pop(str(rules), None)

@@ -2,6 +2,8 @@
 fill_batch on a hand-made batch."""
 import json
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -101,34 +103,93 @@ def test_rule_oar_reweights_the_reasoning_and_keeps_its_total(base, rule):
         assert torch.all(w[R:] == 1)
 
 
-def readme_rule() -> str:
-    """The README's example rule (section "Adding a token rule"): its one indented code block there."""
-    text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def readme_blocks() -> list:
+    """The README's section "Adding a token rule": its indented blocks, the rule file and the command that runs it."""
+    text = open(os.path.join(ROOT, "README.md")).read()
     section = text.split("## Adding a token rule", 1)[1].split("\n## ", 1)[0]
-    block = [line for line in section.splitlines() if line.startswith("    ") or not line.strip()]
-    return "\n".join(line[4:] for line in block).strip()
+    blocks, block = [], []
+    for line in section.splitlines() + ["end"]:
+        if line.startswith("    ") or (block and not line.strip()):
+            block.append(line[4:])
+        elif block:
+            blocks, block = blocks + ["\n".join(block).strip() + "\n"], []
+    return blocks
 
 
-def test_the_readme_rule_runs_as_written(base, tmp_path):
-    # the README's no_eos, executed as it stands there, so that it cannot drift from the code
-    source = readme_rule()
-    assert "def no_eos(batch, rewards, mask, ctx):" in source and 'methods.RULES["no-eos"]' in source
-    exec(source, {"methods": methods})
-    try:
-        # by hand: one group, r = [1, 0] -> G1 = [+0.7071, -0.7071]; the EOS column (id eos) gets 0
-        eos = base[1].eos_token_id
-        batch = {"input_ids": torch.tensor([[9, 5, eos], [9, 6, 7]]), "prompt_len": 1}
-        mask = torch.ones(2, 2)
-        ctx = methods.Context(SimpleNamespace(no_std_scale=False, device="cpu"), None, base[1], [])
-        adv = methods.RULES["no-eos"].advantages(batch, torch.tensor([[1.0, 0.0]]), mask, ctx)
-        a = 0.5 / (0.5 ** 0.5 + 1e-6)
-        assert torch.allclose(adv.tokens, torch.tensor([[a, 0.0], [-a, -a]]), atol=1e-6)
-        run_dir = tmp_path / "no-eos"
-        train.main(["--method", "dapo+no-eos", "--steps", "1", "--run-dir", str(run_dir), *SMALL])
-    finally:
-        del methods.RULES["no-eos"]
+@pytest.fixture
+def readme_rules(tmp_path):
+    """The README's rule file, written as the README says, loaded; its rule taken out of the table afterwards."""
+    source, command = readme_blocks()[:2]
+    path = tmp_path / "my_rules.py"
+    path.write_text(source)
+    yield path, command
+    methods.RULES.pop("no-eos", None)
+    methods._LOADED.pop(str(path), None)
+
+
+def test_the_readme_rule_runs_as_written(base, readme_rules, tmp_path):
+    # the README's no_eos and its command, as they stand there, so that neither can drift from the code
+    path, command = readme_rules
+    assert methods.load_rules(str(path)) == ["no-eos"]
+    # by hand: one group, r = [1, 0] -> G1 = [+0.7071, -0.7071]; the EOS column (id eos) keeps --eos-share 0.5
+    eos = base[1].eos_token_id
+    batch = {"input_ids": torch.tensor([[9, 5, eos], [9, 6, 7]]), "prompt_len": 1}
+    mask = torch.ones(2, 2)
+    ctx = methods.Context(SimpleNamespace(no_std_scale=False, device="cpu", eos_share=0.5), None, base[1], [])
+    adv = methods.RULES["no-eos"].advantages(batch, torch.tensor([[1.0, 0.0]]), mask, ctx)
+    a = 0.5 / (0.5 ** 0.5 + 1e-6)
+    assert torch.allclose(adv.tokens, torch.tensor([[a, 0.5 * a], [-a, -a]]), atol=1e-6)
+    # the README's command line, from the folder that holds my_rules.py, with a short run's flags after it
+    words = command.split()
+    assert words[:4] == ["python", "train.py", "--rules-file", "my_rules.py"] and "--eos-share" in words
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *words[2:], "--steps", "1", "--run-dir",
+                           str(run_dir), "--threads", "1", "--save-every", "0", *SMALL], cwd=tmp_path,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    info = json.load(open(run_dir / "run.json"))
+    assert info["method"] == "no-eos" and info["args"]["eos_share"] == 0.5 and info["args"]["rules_file"]
     record = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if '"accuracy"' in line][0]
-    assert json.load(open(run_dir / "run.json"))["method"] == "dapo+no-eos" and record["groups_kept"] == 4
+    assert record["groups_kept"] == 4
+
+
+def test_a_rule_file_that_cannot_serve_is_one_line(tmp_path):
+    bad = {"broken.py": "import methods\nmethods.RULES['x'] = methods.Rule(nope)\n",
+           "empty.py": "import methods\n",
+           "clash.py": "import methods\nmethods.RULES['ktae'] = methods.Rule(methods.none)\n"}
+    why = {"broken.py": "does not import \\(NameError: name 'nope' is not defined, line 2 of broken.py\\)",
+           "empty.py": "adds no rule", "clash.py": "replaces the rule ktae"}
+    for name, text in bad.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=why[name]):
+            methods.load_rules(str(tmp_path / name))
+        assert "x" not in methods.RULES and methods.RULES["ktae"].advantages is methods.key_tokens
+    with pytest.raises(ValueError, match="no such file"):
+        methods.load_rules(str(tmp_path / "missing.py"))
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--rules-file", str(tmp_path / "empty.py"),
+                           "--method", "grpo"], capture_output=True, text=True)
+    assert done.returncode != 0 and done.stderr.strip().count("\n") == 0 and "adds no rule" in done.stderr
+
+
+def test_a_knob_belongs_to_its_rule():
+    # given to a method whose rule does not read it: refused, not recorded and ignored
+    with pytest.raises(SystemExit, match="--ktae-alpha 0.0: a flag of ktae, which --method grpo does not use"):
+        training.parse_args_one_line(["--method", "grpo", "--ktae-alpha", "0"])
+    with pytest.raises(SystemExit, match="--oar-chunk 4: a flag of oar-p, oar-g, grail, which --method ktae"):
+        training.parse_args_one_line(["--method", "ktae", "--oar-chunk", "4"])
+    # the rule's default for the data or model fills a knob left out; a knob given wins; others keep their default
+    a = training.parse_args_one_line(["--method", "oar-g"])
+    assert (a.oar_probe, a.oar_chunk, a.ktae_alpha) == ("answer_mean", 64, 1.0)
+    assert training.parse_args_one_line(["--method", "oar-g", "--oar-probe", "last"]).oar_probe == "last"
+    # a knob's own range, checked where its rule runs
+    with pytest.raises(SystemExit, match="--oar-q 1.5: O5's quantile level must lie strictly between 0 and 1"):
+        training.parse_args_one_line(["--method", "dapo+oar-p", "--oar-q", "1.5"])
+    # --help lists each rule's knobs under its name
+    text = training.parser().format_help()
+    assert "rule ktae:\n  --ktae-alpha" in text and "rules oar-p, oar-g, grail:\n  --oar-chunk" in text
 
 
 def _round(correct: list, tag: int, G: int = 2, T: int = 3):

@@ -5,6 +5,7 @@ import math
 
 import pytest
 
+from infra import stats
 from tools import paired
 
 
@@ -18,18 +19,28 @@ def test_interval_by_hand():
     # verdict is not "worse" on a zero-width one
     mean, low, high = paired.interval([-34 / 128, -34 / 128])
     assert mean == -34 / 128 and math.isnan(low) and math.isnan(high)
-    assert paired.verdict(mean, low, high) == "not shown better"
+    assert paired.verdict(mean, low, high) == "no difference detected"
 
 
-def test_band_stays_inside_0_and_1_by_hand():
-    # step 0: [0.1, 0.3] -> 0.2 +- 1.2706 (above), drawn as [0, 1]; step 10: [0.9, 0.86] -> mean 0.88, sd 0.0283,
-    # / sqrt 2 = 0.02, +- 12.706 * 0.02 = 0.254: [0.626, 1.134], drawn as [0.626, 1]; step 20 is not in both runs
+def test_detectable_difference_by_hand():
+    # [0.0, 0.2]: sd 0.1414, / sqrt 2 = 0.1; (t975(1) 12.706 + t80(1) 1.376) * 0.1 = 1.4082
+    assert stats.detectable([0.0, 0.2]) == pytest.approx(1.4082)
+    # [0.10, 0.12, 0.11]: sd 0.01, / sqrt 3 = 0.005774; (4.303 + 1.061) * 0.005774 = 0.03097
+    assert stats.detectable([0.10, 0.12, 0.11]) == pytest.approx(0.03097, abs=1e-5)
+    assert math.isnan(stats.detectable([0.1])) and math.isnan(stats.detectable([0.1, 0.1]))
+    # sd 0.1 and an effect of +0.03: n = 90 gives (1.96 + 0.842) * 0.1 / sqrt 90 = 0.02954 <= 0.03 (df 89 > 30: the
+    # normal's quantiles), n = 89: 0.02970 <= 0.03 too, ... n = 88: 0.02987, n = 87: 0.03004 > 0.03: 88 seeds
+    assert stats.seeds_needed(0.1, 0.03) == 88
+    assert stats.t80(4) == 0.941 and stats.t80(40) == 0.842
+
+
+def test_band_is_the_seeds_range_by_hand():
+    # step 0: [0.1, 0.3] -> mean 0.2 from 0.1 to 0.3; step 10: [0.9, 0.86] -> 0.88 from 0.86 to 0.9; step 20 is not
+    # in both runs
     steps, means, lows, highs = paired.band([{0: 0.1, 10: 0.9, 20: 0.5}, {0: 0.3, 10: 0.86}])
     assert steps == [0, 10] and means == pytest.approx([0.2, 0.88])
-    assert lows == pytest.approx([0.0, 0.88 - 0.25412]) and highs == pytest.approx([1.0, 1.0])
+    assert lows == pytest.approx([0.1, 0.86]) and highs == pytest.approx([0.3, 0.9])
     assert paired.band([{0: 0.4}]) == ([0], [0.4], [0.4], [0.4])  # one run: no band
-    steps, means, lows, highs = paired.band([{0: 0.4}, {0: 0.4}])  # equal values: no interval, no band drawn
-    assert means == [0.4] and math.isnan(lows[0]) and math.isnan(highs[0])
 
 
 def run(tmp, method, seed, accs, step_seconds):
@@ -60,13 +71,20 @@ def test_paired_rows_by_hand(tmp_path):
     # slow - grpo at step 2: [0.1, 0.1, 0.2], mean 0.1333, sd 0.0577, se 0.0333, +- 0.1434: lower end -0.0101
     s = rows["slow"]
     assert s["d_step"] == pytest.approx((0.13333, 0.13333 - 0.14343, 0.13333 + 0.14343), abs=1e-4)
-    assert paired.verdict(*s["d_step"][:3]) == "not shown better"
+    assert paired.verdict(*s["d_step"][:3]) == "no difference detected"
+    # its detectable difference: (4.303 + 1.061) * 0.0577 / sqrt 3 = 0.1787; ktae's: 0.03097 (above)
+    assert s["mdd_step"] == pytest.approx(0.1787, abs=1e-3) and k["mdd_step"] == pytest.approx(0.03097, abs=1e-4)
     # grpo's 2 steps took 2 s; slow reached only step 1 by then (0.25): 0.25 - [0.5, 0.4, 0.6] = mean -0.25
     assert s["d_wall"][0] == pytest.approx(-0.25)
     assert k["d_wall"][0] == pytest.approx(0.11)  # the same speed: the same reading as at equal steps
     assert s["d_length"][0] == pytest.approx(2.0) and s["minutes"] == pytest.approx(4 / 60)
+    assert (s["length"], s["base_length"], s["base_minutes"]) == pytest.approx((32.0, 30.0, 2 / 60))
     assert k["reach"] == [2, 2, 2] and s["reach"] == [2, 2, 2] and rows["slow"]["step"] == 2
-    assert paired.verdict(0.02, 0.001, 0.04) == "not shown better"  # above 0 but under the margin
+    assert s["base_reach"] == [2, None, 2]  # grpo's seed 1 ends at 0.4
+    assert paired.verdict(0.02, 0.001, 0.04) == "no difference detected"  # above 0 but under the margin
+    line = next(x for x in paired.table([s], "grpo", 0.5).splitlines() if x.startswith("| slow"))
+    assert "| +-0.179 | no difference detected |" in line and "| 0.1 / 0.0 |" in line
+    assert "| 2, 2, 2 / 2, none, 2 |" in line and "| 32.0 / 30.0 |" in line
     # a method whose runs timed no step: equal steps as before (0.6 - 0.5 etc.), no wall-clock reading and no minutes
     # (not 0 seconds, which would compare grpo's last evaluation with its step 0)
     for seed, acc in enumerate((0.6, 0.52, 0.71)):
@@ -76,9 +94,29 @@ def test_paired_rows_by_hand(tmp_path):
     u = {r["method"]: r for r in paired.rows(paired.finished(str(tmp_path)), "grpo", 0.5)}["untimed"]
     assert u["d_step"][0] == pytest.approx(0.11) and math.isnan(u["d_wall"][0]) and math.isnan(u["minutes"])
     line = next(x for x in paired.table([u], "grpo", 0.5).splitlines() if x.startswith("| untimed"))
-    assert line.split("|")[7:9] == [" n/a ", " n/a "] and line.split("|")[10] == " n/a "
-    assert paired.verdict(-0.123, -0.195, -0.050) == "worse"  # the whole interval below 0
-    assert paired.verdict(-0.031, -0.069, 0.007) == "not shown better"  # below 0 on average, the interval holds 0
+    assert line.split("|")[7:10] == [" n/a ", " n/a ", " n/a "] and line.split("|")[11] == " n/a / n/a "
+    assert paired.verdict(-0.123, -0.195, -0.050) == "worse"  # the whole interval below 0, the mean below -0.03
+    assert paired.verdict(-0.031, -0.069, 0.007) == "no difference detected"  # the interval holds 0
+    assert paired.verdict(-0.02, -0.03, -0.01) == "no difference detected"  # below 0, but within the margin
+
+
+def test_a_shared_machine_marks_the_minutes(tmp_path):
+    # cpu_share 0.5 on one of grpo's steps and 0.6 on the other: median 0.55 < 0.8, the row's minutes are marked
+    for seed in (0, 1):
+        run(tmp_path, "grpo", seed, [0.2, 0.3, 0.5], 1.0)
+        run(tmp_path, "ktae", seed, [0.2, 0.3, 0.5 + 0.1 * seed], 1.0)
+    for m, shares in (("grpo", (0.5, 0.6)), ("ktae", (0.95, 0.97))):
+        path = tmp_path / f"{m}-seed0" / "metrics.jsonl"
+        lines, k = [], iter(shares)
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            rec.update({"time_cpu_share": next(k)} if "time_step" in rec else {})
+            lines.append(json.dumps(rec))
+        path.write_text("\n".join(lines) + "\n")
+    (row,) = paired.rows(paired.finished(str(tmp_path)), "grpo", 0.5)
+    assert row["cpu_share"] == pytest.approx(0.55)
+    md = paired.table([row], "grpo", 0.5)
+    assert "| 0.0 / 0.0 (shared) |" in md and "(shared): a run's median CPU share" in md
 
 
 def test_spearman_and_the_blame_table_by_hand(tmp_path):

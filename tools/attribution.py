@@ -82,6 +82,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--refine", action="store_true", help="F3: then the first wrong token inside the step")
     p.add_argument("--rules", default=",".join(methods.RULES),
                    help="the rules scored (methods.RULES), comma-separated")
+    p.add_argument("--rules-file", default=None, metavar="FILE",
+                   help="a file (or module) of your own token rules (README.md, \"Adding a token rule\"), scored "
+                        "beside the table's")
     p.add_argument("--oar-p-limit", type=int, default=None,
                    help="score rules that run a forward per response token (methods.Rule.scoring 'forward': OAR-P) on "
                         "the groups of the first N located rollouts only")
@@ -737,6 +740,12 @@ def given_head(problems: list, rows: list) -> str:
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if methods.rules_file_of(argv):  # before the parser: its rules join --rules' default
+        try:
+            methods.load_rules(methods.rules_file_of(argv))
+        except ValueError as e:
+            sys.exit(f"attribution.py: error: {e}")
     p = parser()
     args = p.parse_args(argv)
     ds = data.dataset(args.dataset)

@@ -4,6 +4,12 @@
     python -m tools.compare --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick
     python -m tools.compare --methods grpo,ktae --seeds 0 --steps 20 --out runs/quick -- --lr 1e-4   # train.py flags
     python -m tools.compare --dataset chain --methods grpo,ktae,oar-g,oar-p,entropy --seeds 0,1,2,3,4 --out runs/chain
+    python -m tools.compare --methods "ktae,ktae[ktae-alpha=0],ktae[ktae-no-tf]" --seeds 0,1,2 --jobs 2 --threads 1
+
+A variant is a method with train.py flags of its own in brackets, `METHOD[flag=value,switch]` (`dapo[no-dynamic-
+sampling]`, `ktae[ktae-beta=0,ktae-top=2]`): it runs beside the others under that name, in a folder of that name
+(`ktae.ktae-alpha=0-seed0`), and every table and plot names it so. The flags after `--` go to every run; a flag may
+not be given both there and in a variant. `--rules-file FILE` loads your own rules (README.md) for every run.
 
 OUT (--out, or its alias --run-dir) is taken relative to the directory you run the command from, wherever
 compare.py itself lies. --eval-every defaults to a quarter of --steps (4 evaluations, plus step 0).
@@ -16,20 +22,25 @@ checkpoint starts over (train.py --overwrite), so a stopped comparison picks up 
 checkpoint is deleted (--keep-checkpoints keeps it). An OUT's runs come from one machine (done.json records it):
 another CPU makes other runs of the same seed, so to go on elsewhere give another OUT and pair the two folders with
 `python -m tools.paired OUT OTHER`. Then OUT holds:
-    accuracy.png reward.png length.png entropy.png ess.png   a line per method (mean over seeds), min-max band
+    paired.md paired_diffs.png paired_curves.png            the answer: every method against the first, paired by
+                                                             seed, a 95 % interval, the smallest detectable
+                                                             difference and a verdict (tools/paired.py)
+    results.md                                               final accuracy mean +- std, length, minutes in steps,
+                                                             the attribution metrics, and a line on each picture
+    accuracy.png reward.png length.png entropy.png ess.png   a line per method (mean over seeds), band from the
+                                                             lowest to the highest seed
     credit_auc.png credit_hit1.png credit_hit3.png credit_rank.png
-                                                             how well the rule's blame points at a wrong rollout's
-                                                             first error (toyworld/credit.py; its tasks only)
-    results.md                                               final accuracy mean +- std, length, wall time, and the
-                                                             attribution metrics (mean over steps, +- std over seeds)
+                                                             diagnostics of the synthetic tasks only: how well the
+                                                             rule's blame points at a wrong rollout's first error
+                                                             (toyworld/credit.py)
     heatmaps/METHOD.html                                     the last evaluation's heat map (seed 0)
-    paired.md paired_curves.png paired_diffs.png            every method against the first, paired by seed, with
-                                                             95 % intervals (tools/paired.py)
+Minutes are marked "(shared)" where a run's CPU share says other work took its machine (tools/paired.py).
 """
 import concurrent.futures
 import hashlib
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -60,23 +71,67 @@ BEGUN = "machine.json"  # in a run's folder from its start: the machine its chec
 CREDIT = ("credit_rank", "credit_hit1", "credit_hit3", "credit_auc")  # the table's attribution columns
 
 
+def variant(name: str):
+    """'ktae[ktae-alpha=0,ktae-no-tf]' -> ('ktae', ['--ktae-alpha', '0', '--ktae-no-tf']); 'ktae' -> ('ktae', []).
+    A refusal is ValueError(one line)."""
+    method, bracket, inner = name.partition("[")
+    if not bracket:
+        return name, []
+    if not inner.endswith("]") or "[" in inner or not inner[:-1].strip():
+        raise ValueError(f"{name}: a variant is METHOD[flag=value,...] with at least one flag, e.g. ktae[ktae-alpha=0]")
+    flags = []
+    for item in inner[:-1].split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        flag = "--" + key.lstrip("-")
+        if flag in OWN_FLAGS + ("--rules-file",):
+            raise ValueError(f"{name}: {flag} is set by compare.py for every run (use compare.py's own flag)")
+        flags += [flag, value] if eq else [flag]
+    return method, flags
+
+
+def run_name(method: str) -> str:
+    """The folder name of a method's runs: a variant's brackets and commas, which a shell would read as a pattern,
+    become dots ('ktae[ktae-alpha=0]' -> 'ktae.ktae-alpha=0'), any other character outside [A-Za-z0-9._=+-] '_'."""
+    return re.sub(r"[^A-Za-z0-9._=+-]", "_", method.replace("[", ".").replace(",", ".").replace("]", ""))
+
+
 def train_flags(method, seed, args) -> list:
-    """The flags of train.py's run of method and seed."""
-    return ["--method", method, "--seed", str(seed), "--steps", str(args.steps),
-            "--run-dir", os.path.join(args.out, f"{method}-seed{seed}"), "--eval-every", str(args.eval_every),
+    """The flags of train.py's run of method (a variant's flags after the shared ones) and seed."""
+    name, own = variant(method)
+    return ["--method", name, "--seed", str(seed), "--steps", str(args.steps),
+            "--run-dir", os.path.join(args.out, f"{run_name(method)}-seed{seed}"), "--eval-every", str(args.eval_every),
             "--save-every", str(args.eval_every), "--dataset", args.dataset,
-            *(["--threads", str(args.threads)] if args.threads else []), *args.train_args]
+            *(["--threads", str(args.threads)] if args.threads else []),
+            *(["--rules-file", args.rules_file] if args.rules_file else []), *args.train_args, *own]
 
 
 def check_train_flags(p, chosen, seeds, args):
     """train.py's own checks (config/training.py) of every run's flags, before the first run starts: a flag it
-    refuses would otherwise stop the comparison only when its run is reached, perhaps hours in."""
+    refuses would otherwise stop the comparison only when its run is reached, perhaps hours in. Two methods whose
+    settings come out the same (ktae and ktae[ktae-alpha=1]) are refused: one run counted twice."""
+    made = {}
     for method in chosen:
+        try:
+            name, own = variant(method)
+        except ValueError as e:
+            p.error(f"--methods: {e}")
+        shared_flags = {f.split("=")[0] for f in args.train_args if f.startswith("--")}
+        twice = [f for f in own if f.startswith("--") and f in shared_flags]
+        if twice:
+            p.error(f"--methods: {method}: {twice[0]} is also given after --, to every run: give it in one place")
+        if name not in methods.names():
+            p.error(f"--methods: unknown method {name!r} (choose from {', '.join(methods.names())}, or a variant "
+                    f"METHOD[flag=value])")
         for seed in seeds:
             try:
-                training.parse_args_one_line(train_flags(method, seed, args))
+                a = training.parse_args_one_line(train_flags(method, seed, args))
             except SystemExit as e:
                 p.error(f"train.py refuses the flags of {method} seed {seed}: {e.code}")
+        same = {k: v for k, v in vars(a).items() if k not in ("run_dir", "method")}
+        for other, settings_ in made.items():
+            if settings_ == same:
+                p.error(f"--methods: {method} makes the same runs as {other} (its flags change nothing)")
+        made[method] = same
 
 
 def distinct(p, flag: str, text: str, given: list, key):
@@ -104,9 +159,33 @@ def parse_seeds(p, text: str) -> list:
 
 def settings(args) -> dict:
     """What defines every run of OUT besides its method and seed, recorded in OUT (infra/outfolder.py): a later
-    command with other values would reuse or resume runs made with these, and head their table with its own flags."""
+    command with other values would reuse or resume runs made with these, and head their table with its own flags.
+    A rules file is recorded by its content: one edited between two commands makes other runs."""
     return {"--dataset": models.identity(args.dataset), "--steps": args.steps, "--eval-every": args.eval_every,
-            "the train.py flags after --": spelled_out(args.train_args)}
+            "the train.py flags after --": spelled_out(args.train_args),
+            **({"--rules-file": models.identity(args.rules_file)} if args.rules_file else {})}
+
+
+def split_methods(text: str) -> list:
+    """--methods' names, split at the commas outside brackets: 'grpo,ktae[ktae-alpha=0,ktae-no-tf]' is two."""
+    out, depth, word = [], 0, ""
+    for c in text:
+        depth += (c == "[") - (c == "]")
+        if c == "," and depth == 0:
+            out, word = out + [word.strip()], ""
+        else:
+            word += c
+    return out + [word.strip()]
+
+
+def rules_path(spec: str) -> str:
+    """A --rules-file as the full path of its file (a module's name found as Python finds it), for train.py run from
+    the project's root and for settings.json's record of its content."""
+    import importlib.util
+    if spec.endswith(".py") or os.path.isfile(spec):
+        return os.path.abspath(spec)
+    found = importlib.util.find_spec(spec)
+    return found.origin if found and found.origin else spec
 
 
 def spelled_out(flags: list) -> list:
@@ -115,9 +194,10 @@ def spelled_out(flags: list) -> list:
 
 
 def defining_flags(method, seed, args) -> list:
-    """train_flags less --threads (which changes the speed, not the run) and --run-dir (where, not what: a folder
-    moved, or restored from a snapshot elsewhere, is reused): what done.json records of a run."""
-    return without(spelled_out(train_flags(method, seed, args)), ("--threads", "--run-dir"))
+    """train_flags less --threads (which changes the speed, not the run), --run-dir (where, not what: a folder
+    moved, or restored from a snapshot elsewhere, is reused) and --rules-file (settings.json records its content):
+    what done.json records of a run."""
+    return without(spelled_out(train_flags(method, seed, args)), ("--threads", "--run-dir", "--rules-file"))
 
 
 def without(flags: list, names: tuple) -> list:
@@ -167,7 +247,7 @@ def check_machine(p, chosen, seeds, args):
     """A run still to make goes to an OUT whose finished runs this machine made (or that records none): a run made
     on another machine does not pair with theirs (tools/paired.py), so it is refused before any run starts."""
     here = machine()
-    if not os.path.isdir(args.out) or all(read_done(os.path.join(args.out, f"{m}-seed{s}", "done.json"))
+    if not os.path.isdir(args.out) or all(read_done(os.path.join(args.out, f"{run_name(m)}-seed{s}", "done.json"))
                                           for m in chosen for s in seeds):
         return  # nothing to run: the tables are remade from what is there
     for name in sorted(os.listdir(args.out)):
@@ -203,7 +283,7 @@ def read_done(done_path: str):
 
 def run_one(method, seed, args):
     """Run (or resume, or reuse) one method and seed; return its metrics records."""
-    run_dir = os.path.join(args.out, f"{method}-seed{seed}")
+    run_dir = os.path.join(args.out, f"{run_name(method)}-seed{seed}")
     done_path = os.path.join(run_dir, "done.json")
     done = read_done(done_path)
     flags = defining_flags(method, seed, args)
@@ -270,6 +350,29 @@ def run_all(chosen: list, seeds: list, args) -> dict:
     return {m: [done[(m, s)] for s in seeds] for m in chosen}
 
 
+def shared_mark(runs: list) -> str:
+    """' (shared)' where a run's median time_cpu_share says other work took its machine (tools/paired.py SHARED)."""
+    shares = [paired.cpu_share(recs) for recs in runs]
+    return " (shared)" if any(x is not None and x < paired.SHARED for x in shares) else ""
+
+
+# What each picture of OUT answers, a line each, the answer first and the diagnostics after (results.md)
+PICTURES = (("paired_diffs.png", "the answer: each method's paired difference from the first method, with its 95 % "
+                                 "interval, at equal steps and at the first method's wall-clock"),
+            ("paired_curves.png", "greedy held-out accuracy over steps, each method beside the first one"),
+            ("accuracy.png", "every method's greedy held-out accuracy on one plot"),
+            ("reward.png", "diagnostic: the sampled rollouts' mean reward (training accuracy)"),
+            ("length.png", "diagnostic: response length, which a rule can move without gaining accuracy"),
+            ("entropy.png", "diagnostic: the sampler's entropy (falling fast: the policy collapsing)"),
+            ("ess.png", "diagnostic: how evenly the advantage spreads over tokens (O7; 1: every token alike)"),
+            ("credit_auc.png", "diagnostic, synthetic tasks only: how well the rule's blame ranks a wrong rollout's "
+                               "first wrong token above the rest (0.5: chance)"),
+            ("credit_hit1.png", "diagnostic, synthetic tasks only: the share of wrong rollouts whose most blamed "
+                                "token is the first wrong one"),
+            ("credit_hit3.png", "diagnostic, synthetic tasks only: ... among the three most blamed"),
+            ("credit_rank.png", "diagnostic, synthetic tasks only: the first wrong token's rank in the blame (1: top)"))
+
+
 def mean_std(values: list) -> str:
     """'mean +- std' over seeds ('nan' when no seed has a value); mean_std([1, 3]) == '2.000 +- 1.414'."""
     values = [v for v in values if v == v]
@@ -305,10 +408,12 @@ def table(results: dict) -> str:
                if r["ess_ratio"] is not None and r["ess_ratio"] == r["ess_ratio"]]
         ess = statistics.mean(ess) if ess else float("nan")  # null (NaN) on a step with no advantage at all
         std = statistics.stdev(after) if len(after) > 1 else 0.0
-        lines.append(f"| {method} | {len(runs)} | {statistics.mean(e[0]['eval_accuracy'] for e in evals):.3f} | "
+        before = [e[0]["eval_accuracy"] for e in evals if e and e[0]["step"] == 0]  # --no-final-eval: none at step 0
+        lines.append(f"| {method} | {len(runs)} | "
+                     f"{f'{statistics.mean(before):.3f}' if len(before) == len(evals) else 'n/a'} | "
                      f"{statistics.mean(after):.3f} +- {std:.3f} | "
                      f"{mean_std([e[-1]['eval_response_len'] for e in evals])} | {ess:.3f} | "
-                     f"{f'{statistics.mean(minutes):.1f}' if minutes else 'n/a'} | "
+                     f"{f'{statistics.mean(minutes):.1f}' if minutes else 'n/a'}{shared_mark(runs)} | "
                      f"{' | '.join(credit_columns(runs))} |")
     return "\n".join(lines) + "\n"
 
@@ -334,13 +439,30 @@ def main(argv=None):
     p.add_argument("--keep-checkpoints", action="store_true",
                    help="keep each finished run's checkpoint (by default it is deleted once the run's done.json is "
                         "written: the tables need only the metrics, and a SmolLM2 run's checkpoint takes about 3 GB)")
+    p.add_argument("--rules-file", default=None, metavar="FILE",
+                   help="a file (or module) of your own token rules (README.md, \"Adding a token rule\"), loaded for "
+                        "every run")
     p.add_argument("train_args", nargs="*", help="more train.py flags, after --, e.g. -- --lr 1e-4")
     args = p.parse_args(argv)
-    chosen, seeds = args.methods.split(","), parse_seeds(p, args.seeds)
-    for m in chosen:  # a wrong name fails now, not after the first runs
-        if m not in methods.names():
-            p.error(f"--methods: unknown method {m!r} (choose from {', '.join(methods.names())})")
-    distinct(p, "--methods", args.methods, chosen, methods.parse)
+    if args.rules_file:  # before the names are checked: its rules are methods, its knobs flags
+        try:
+            methods.load_rules(args.rules_file)
+        except ValueError as e:
+            p.error(str(e))
+        args.rules_file = rules_path(args.rules_file)
+    chosen, seeds = split_methods(args.methods), parse_seeds(p, args.seeds)
+    for m in chosen:  # a wrong name or variant fails now, not after the first runs
+        try:
+            if variant(m)[0] not in methods.names():
+                raise ValueError(f"unknown method {variant(m)[0]!r} (choose from {', '.join(methods.names())}, or a "
+                                 f"variant METHOD[flag=value,...])")
+        except ValueError as e:
+            p.error(f"--methods: {e}")
+    distinct(p, "--methods", args.methods, chosen, lambda m: (methods.parse(variant(m)[0]), tuple(variant(m)[1])))
+    names = {}
+    for m in chosen:  # two variants in one folder: ktae[a,b] and ktae.a.b would share it
+        if names.setdefault(run_name(m), m) != m:
+            p.error(f"--methods: {m} and {names[run_name(m)]} would share the folder {run_name(m)}-seedS")
     distinct(p, "--seeds", args.seeds, seeds, int)
     with shared.as_errors_of(p):
         shared.at_least(args, {"steps": 1, "eval_every": 1, "jobs": 1})
@@ -356,25 +478,33 @@ def main(argv=None):
     check_machine(p, chosen, seeds, args)
     # OUT's runs all made with these settings, by one comparison at a time: the lock is held to the end
     finished = os.path.isfile(os.path.join(args.out, "results.md")) or any(
-        isinstance(checkpoint.read_json(os.path.join(args.out, f"{m}-seed{s}", "done.json")), dict)
+        isinstance(checkpoint.read_json(os.path.join(args.out, f"{run_name(m)}-seed{s}", "done.json")), dict)
         for m in chosen for s in seeds)
     lock = outfolder.claim(args.out, settings(args), args.overwrite, finished)
     results = run_all(chosen, seeds, args)
+    drawn = []
     for name, (key, label) in PLOTS.items():
+        if not any(r.get(key) is not None for recs in results.values() for run in recs for r in run):
+            continue  # the credit_* metrics exist on the synthetic tasks only: no empty picture
         plots.curves(os.path.join(args.out, name), key, results, label,
                      title=f"{label}, {len(chosen)} methods x {args.steps} steps")
+        drawn.append(name)
     os.makedirs(os.path.join(args.out, "heatmaps"), exist_ok=True)
     for m in chosen:
-        maps = os.path.join(args.out, f"{m}-seed{seeds[0]}", "heatmaps")
+        maps = os.path.join(args.out, f"{run_name(m)}-seed{seeds[0]}", "heatmaps")
         if os.path.isdir(maps) and os.listdir(maps):
             last = max(os.listdir(maps), key=lambda f: int(f[4:-5]))  # stepN.html
-            shutil.copy(os.path.join(maps, last), os.path.join(args.out, "heatmaps", f"{m}.html"))
+            shutil.copy(os.path.join(maps, last), os.path.join(args.out, "heatmaps", f"{run_name(m)}.html"))
     md = table(results)
+    if len(chosen) > 1:
+        drawn += ["paired_diffs.png", "paired_curves.png"]
+    pictures = "".join(f"- `{name}`: {what}\n" for name, what in PICTURES if name in drawn)
     with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(f"`python -m tools.compare --dataset {args.dataset} --methods {args.methods} --seeds {args.seeds} "
-                f"--steps "
-                f"{args.steps} --eval-every {args.eval_every}{' -- ' * bool(args.train_args)}"
-                f"{' '.join(args.train_args)}`\n\n" + md)
+        f.write(f"`python -m tools.compare --dataset {args.dataset} --methods \"{args.methods}\" --seeds {args.seeds} "
+                f"--steps {args.steps} --eval-every {args.eval_every}"
+                f"{f' --rules-file {args.rules_file}' if args.rules_file else ''}{' -- ' * bool(args.train_args)}"
+                f"{' '.join(args.train_args)}`\n\n" + md + "\nThe verdict, against the first method: paired.md "
+                f"(tools/paired.py).\n\nThe pictures, the answer first:\n" + pictures)
     print(md)
     if len(chosen) > 1:  # every method against the first one, paired by seed (tools/paired.py)
         print(paired.write(args.out, baseline=chosen[0]))

@@ -7,7 +7,8 @@
 Reads the finished runs of a tools.compare folder (OUT/METHOD-seedS with done.json; a comparison still under way
 gives the seeds both runs of a pair have finished) and writes
     OUT/paired.md          per method: accuracy at the last step, the paired difference (same seed) with a 95 %
-                           t-interval, the same at the baseline's wall-clock, steps to --threshold, response length
+                           t-interval and the smallest detectable difference, the same at the baseline's wall-clock,
+                           response length, minutes, steps to --threshold, each for the method and the baseline
     OUT/paired_curves.png  a panel per method: its greedy accuracy over steps beside the baseline's, mean and 95 %
                            t-interval band over seeds
     OUT/paired_diffs.png   the paired differences and their intervals, at equal steps and at equal wall-clock
@@ -17,9 +18,11 @@ only by the method (and sampling noise); the seed-to-seed spread, which is large
 difference. Only on one machine, though: another CPU sums floats in another order, so the same seed gives other greedy
 answers from step 0 on (SmolLM2 on arith: 0.164 on an AMD EPYC, 0.180 on a Xeon) and other runs. A comparison spread
 over machines keeps a folder per machine (tools.compare refuses to mix them) and names them all here: a pair is a seed
-within one folder, and the intervals take the pairs of every folder. The table and PNGs go to the first. "Better" is
-the criterion docs/LOG.md stated before issue 62's runs: the interval's lower end above 0 and a mean difference of at
-least MARGIN.
+within one folder, and the intervals take the pairs of every folder. The table and PNGs go to the first. The verdict
+is three words with one margin both ways (verdict): "better" is the criterion docs/LOG.md stated before issue 62's
+runs (the interval's lower end above 0 and a mean difference of at least MARGIN), "worse" its mirror, and "no
+difference detected" the rest, beside the smallest difference those seeds could have detected (infra/stats.py).
+Any method can be the baseline (--baseline), a variant too: `--baseline "ktae"` for `ktae[ktae-alpha=0]`.
 
 Equal wall-clock: each run's seconds in steps (metrics' time_step, sampling to optimizer step, evaluations left out;
 its median step times the steps, robust to a machine shared for a while); a method is read at the last evaluation it
@@ -33,30 +36,11 @@ import os
 import statistics
 
 from infra import checkpoint, cli
+from infra.stats import T975, detectable, interval, t975  # noqa: F401 (paired.interval, ...)
 
 MARGIN = 0.03  # docs/LOG.md 2026-11-28: the smallest mean difference that counts as better, stated before the runs
-# Student's t, 97.5th percentile, by degrees of freedom (a 95 % two-sided interval); 1.96 beyond the table
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101, 19: 2.093, 20: 2.086,
-        25: 2.060, 30: 2.042}
-
-
-def t975(df: int) -> float:
-    """The t quantile for df degrees of freedom (the next smaller tabled df where df is not in the table: wider)."""
-    return T975[max(d for d in T975 if d <= df)] if df <= 30 else 1.96
-
-
-def interval(values: list) -> tuple:
-    """(mean, low, high): the mean and its 95 % t-interval. interval([0.1, 0.3]) == (0.2, 0.2 - 12.706 * 0.1,
-    0.2 + 12.706 * 0.1) (sd 0.1414, / sqrt 2 = 0.1); one value, or values all equal: (v, nan, nan)."""
-    n = len(values)
-    mean = statistics.mean(values)
-    # all equal (two seeds that moved by the same 1/128 of accuracy): the t-interval's width would be 0, a certainty
-    # the seeds do not give, and the verdict would read "worse" or "better" on it; no interval instead
-    if n < 2 or statistics.pstdev(values) == 0:
-        return mean, float("nan"), float("nan")
-    half = t975(n - 1) * statistics.stdev(values) / math.sqrt(n)
-    return mean, mean - half, mean + half
+# (and, since 2026-12-07, as worse: one margin both ways)
+SHARED = 0.8  # a run whose median time_cpu_share (logbook.step_record) is below this shared its machine with other work
 
 
 def evals(recs: list) -> dict:
@@ -130,13 +114,22 @@ def spearman(x: list, y: list) -> float:
 
 
 def verdict(mean: float, low: float, high: float) -> str:
-    """The criterion stated before issue 62's runs; an interval wholly below 0 is said to be worse, not hidden among
-    the "not shown better" (surprisal on the tiny world: -0.123 [-0.195, -0.050])."""
+    """Three words, one margin both ways: "better" where the interval lies above 0 and the mean is at least +MARGIN
+    (the criterion stated before issue 62's runs), "worse" where it lies below 0 and the mean is at most -MARGIN,
+    else "no difference detected" (which is not "no difference": see the smallest detectable one beside it)."""
     if mean != mean:  # no reading (a run with no step timed has no wall-clock)
         return "n/a"
     if low > 0 and mean >= MARGIN:
         return "better"
-    return "worse" if high < 0 else "not shown better"
+    if high < 0 and mean <= -MARGIN:
+        return "worse"
+    return "no difference detected"
+
+
+def cpu_share(recs: list):
+    """A run's median time_cpu_share over its steps (None where its metrics predate it)."""
+    shares = [r["time_cpu_share"] for r in recs if r.get("time_cpu_share") is not None]
+    return statistics.median(shares) if shares else None
 
 
 def rows(runs: dict, baseline: str, threshold: float) -> list:
@@ -156,13 +149,22 @@ def rows(runs: dict, baseline: str, threshold: float) -> list:
         length = [[r["eval_response_len"] for r in seeds[s] if "eval_response_len" in r][-1]
                   - [r["eval_response_len"] for r in base[s] if "eval_response_len" in r][-1] for s in common]
         minutes = [seconds_to(seeds[s])[max(evals(seeds[s]))] / 60 for s in common] if timed else [math.nan]
+        base_minutes = [seconds_to(base[s])[max(evals(base[s]))] / 60 for s in common] if timed else [math.nan]
         reach = [steps_to(seeds[s], threshold) for s in common]
         blame = [run_mean(seeds[s], "credit_auc") for s in common]
+        shares = [x for s in common for x in (cpu_share(seeds[s]), cpu_share(base[s])) if x is not None]
         out.append(dict(method=method, seeds=common, step=max(last), accuracy=interval(acc),
                         auc=interval(blame) if None not in blame else None,
                         base_accuracy=interval([evals(base[s])[max(evals(base[s]))] for s in common]),
                         d_step=interval(d_step), d_wall=interval(d_wall), d_length=interval(length),
-                        minutes=statistics.mean(minutes), reach=reach))
+                        mdd_step=detectable(d_step), mdd_wall=detectable(d_wall),
+                        length=statistics.mean([[r["eval_response_len"] for r in seeds[s] if "eval_response_len" in r]
+                                                [-1] for s in common]),
+                        base_length=statistics.mean([[r["eval_response_len"] for r in base[s]
+                                                      if "eval_response_len" in r][-1] for s in common]),
+                        minutes=statistics.mean(minutes), base_minutes=statistics.mean(base_minutes),
+                        cpu_share=min(shares) if shares else None,
+                        reach=reach, base_reach=[steps_to(base[s], threshold) for s in common]))
     return out
 
 
@@ -178,17 +180,39 @@ def _minutes(m: float) -> str:
     return "n/a" if m != m else f"{m:.1f}"
 
 
+def _mdd(x: float) -> str:
+    return "n/a" if x != x else f"+-{x:.3f}"
+
+
+def _shared(r: dict) -> str:
+    return " (shared)" if r["cpu_share"] is not None and r["cpu_share"] < SHARED else ""
+
+
 def table(rows_: list, baseline: str, threshold: float) -> str:
-    lines = [f"Against `{baseline}`, paired by seed; [95 % t-interval]. Better: lower end > 0 and mean >= +{MARGIN}.",
-             "", f"| method | seeds | accuracy at last step | {baseline} on those seeds | difference, equal steps | "
-             f"verdict | difference, {baseline}'s wall-clock | verdict | length difference, tokens | "
-             f"minutes in steps | steps to {threshold} (none: not reached) |", "|---" * 11 + "|"]
+    b = baseline
+    lines = [f"Each method against `{b}`, paired by seed (the same problems, the same machine). A difference is the "
+             f"mean over seeds of (method - {b}) in greedy held-out accuracy, [its 95 % t-interval]. Verdict: "
+             f"**better** = the interval above 0 and the mean at least +{MARGIN}; **worse** = the interval below 0 "
+             f"and the mean at most -{MARGIN}; else **no difference detected**. Detectable: the smallest true "
+             f"difference these seeds would find 80 % of the time (infra/stats.py): a smaller one may be there "
+             f"unseen. Equal steps: both read at the last evaluation; {b}'s wall-clock: the method read at the last "
+             f"evaluation it reached within {b}'s time in steps (median step time x steps).", "",
+             f"| method | seeds | accuracy at last step: method / {b} | difference, equal steps | detectable | verdict "
+             f"| difference, {b}'s wall-clock | detectable | verdict | response length, tokens: method / {b} | "
+             f"minutes in steps: method / {b} | steps to {threshold}: method / {b} (none: not reached) |",
+             "|---" * 12 + "|"]
+    reach = lambda xs: ", ".join("none" if x is None else str(x) for x in xs)  # noqa: E731
     for r in rows_:
-        reach = ", ".join("none" if x is None else str(x) for x in r["reach"])
-        lines.append(f"| {r['method']} | {len(r['seeds'])} | {_ci(r['accuracy'], False)} | "
-                     f"{_ci(r['base_accuracy'], False)} | {_ci(r['d_step'])} | {verdict(*r['d_step'][:3])} | "
-                     f"{_ci(r['d_wall'])} | {verdict(*r['d_wall'][:3])} | {_ci(r['d_length'])} | "
-                     f"{_minutes(r['minutes'])} | {reach} |")
+        lines.append(f"| {r['method']} | {len(r['seeds'])} | {_ci(r['accuracy'], False)} / "
+                     f"{_ci(r['base_accuracy'], False)} | {_ci(r['d_step'])} | {_mdd(r['mdd_step'])} | "
+                     f"{verdict(*r['d_step'][:3])} | {_ci(r['d_wall'])} | {_mdd(r['mdd_wall'])} | "
+                     f"{verdict(*r['d_wall'][:3])} | {r['length']:.1f} / {r['base_length']:.1f} | "
+                     f"{_minutes(r['minutes'])} / {_minutes(r['base_minutes'])}{_shared(r)} | "
+                     f"{reach(r['reach'])} / {reach(r['base_reach'])} |")
+    if any(_shared(r) for r in rows_):
+        lines += ["", f"(shared): a run's median CPU share (metrics' time_cpu_share: the step's CPU seconds over its "
+                      f"wall-clock seconds x threads) was below {SHARED}: other work took the machine while it ran, "
+                      f"so its minutes and the wall-clock reading say as much about that load as about the method."]
     blamed = [r for r in rows_ if r["auc"] is not None]
     if blamed:  # a synthetic task: how well each rule's blame found the first error, beside what it gained
         lines += ["", "Blame against gain: each rule's first-error AUC (toyworld/credit.py; the mean over a run's "
@@ -204,17 +228,12 @@ def table(rows_: list, baseline: str, threshold: float) -> str:
 
 
 def band(series: list) -> tuple:
-    """Per step of the runs' common evaluations: steps, mean, low, high (95 % t-interval inside [0, 1]; a single run:
-    no band)."""
+    """Per step of the runs' common evaluations: steps, mean, lowest, highest run. The seeds' range, the band that
+    plots.curves draws too (one kind of band everywhere): the uncertainty of a difference is the paired interval's
+    business, in the table and paired_diffs.png, and a 95 % t-band of 3 seeds' accuracies is 0.3-0.6 wide."""
     steps = sorted(set.intersection(*(set(s) for s in series)))
-    stats = [interval([s[x] for s in series]) for x in steps]
-    means, lows, highs = ([s[i] for s in stats] for i in range(3))
-    if len(series) < 2:
-        lows, highs = means, means
-    # an accuracy lies in [0, 1]; with two seeds (t = 12.7) the interval runs far past both ends, off the picture
-    # (no interval, nan, stays nan: max(0.0, nan) would be 0.0, a band from 0 to 1)
-    lows, highs = [max(0.0, x) if x == x else x for x in lows], [min(1.0, x) if x == x else x for x in highs]
-    return steps, means, lows, highs
+    values = [[s[x] for s in series] for x in steps]
+    return steps, [statistics.mean(v) for v in values], [min(v) for v in values], [max(v) for v in values]
 
 
 def plot(out: str, runs: dict, rows_: list, baseline: str):
@@ -241,8 +260,8 @@ def plot(out: str, runs: dict, rows_: list, baseline: str):
         ax.set_xlabel("step")
     for ax in axes[:, 0]:
         ax.set_ylabel("greedy held-out accuracy")
-    fig.suptitle(f"each method against {baseline}, paired by seed: mean and 95 % t-interval band over seeds\n"
-                 f"panel title: the difference at the last step [interval]", fontsize=9)
+    fig.suptitle(f"each method against {baseline}, the same seeds: the mean over seeds, band from the lowest to the "
+                 f"highest seed\npanel title: the paired difference at the last step [95 % t-interval]", fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "paired_curves.png"), dpi=110)
     plt.close(fig)
@@ -255,14 +274,16 @@ def plot(out: str, runs: dict, rows_: list, baseline: str):
             ax.errorbar(mean, i + dy, xerr=None if low != low else [[mean - low], [high - mean]], fmt=marker,
                         color="C0" if key == "d_step" else "C1", capsize=3, label=label if i == 0 else None)
     ax.axvline(0, color="0.3", linewidth=1)
-    ax.axvline(MARGIN, color="C2", linestyle="--", linewidth=1, label=f"+{MARGIN}: the margin stated beforehand")
-    ax.set_yticks(range(n), [f"{r['method']} ({len(r['seeds'])} seed{'s' * (len(r['seeds']) > 1)})" for r in rows_])
+    ax.axvline(MARGIN, color="C2", linestyle="--", linewidth=1,
+               label=f"+-{MARGIN}: the margin 'better' and 'worse' need")
+    ax.axvline(-MARGIN, color="C2", linestyle="--", linewidth=1)
+    ax.set_yticks(range(n), [f"{r['method']} ({len(r['seeds'])} seed{'s' * (len(r['seeds']) > 1)}, detectable "
+                             f"{_mdd(r['mdd_step'])})" for r in rows_])
     ax.set_ylim(n - 0.5, -0.5)  # the first method on top, each row's two markers inside the axes
-    ax.set_xlabel(f"accuracy minus {baseline}'s, same seed (95 % t-interval)")
+    ax.set_xlabel(f"greedy accuracy minus {baseline}'s, same seed: mean and 95 % t-interval over seeds")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "paired_diffs.png"), dpi=110, bbox_inches="tight")
+    fig.savefig(os.path.join(out, "paired_diffs.png"), dpi=110, bbox_inches="tight")  # long labels: no tight_layout
     plt.close(fig)
 
 
