@@ -15,7 +15,8 @@ RED_HALF = "background:rgba(220,0,0,0.225);border-bottom:3px solid rgba(220,0,0,
 def spans(page):
     """(title, style or None, text) of every token span inside the rollouts (the legend's swatches left out)."""
     body = page[page.index('<div class="r">'):]
-    return re.findall(r'<span title="([^"]*)"(?: style="([^"]*)")?>(.*?)</span>', body, re.S)
+    return re.findall(r'<span data-v="([^"]*)"(?: style="([^"]*)")?(?: class="sat")? data-tip="[^"]*">(.*?)</span>',
+                      body, re.S)
 
 
 def test_ktae_page_shows_rewards_advantages_legend_and_pastel_colours(tmp_path):
