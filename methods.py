@@ -158,7 +158,8 @@ def _ktae_terms(t, rewards, mask, tokens, special, a) -> Optional[dict]:
             one_class & use_tf),
         NOTE + "faint (|K6| < 5 % of top, |S*D| < 0.1): the id occurs in both classes, so K5 has no 1e-5 division, "
         "and S or D is near 0 (see their lines)": faint & ~one_class,
-        NOTE + "S = 0 (p = 1 and IG = 0): the id's presence says nothing about the outcome, so K6 = 0":
+        NOTE + "S = 0, so K6 = 0: no strength (F is 0 when p = 1; IG is 0 when the id is as common in right as in "
+        "wrong rollouts)":
             (S == 0) & ~special_e,
         NOTE + "pad or EOS: never a key token, K6 set to 0 (its K2-K5 are still shown)": special_e,
     }

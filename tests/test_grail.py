@@ -177,3 +177,10 @@ def test_the_rule_weighs_wrong_rollouts_only_by_default_and_none_without_a_box(b
         assert ((before != 1).any() and (before >= 0.5).all() and (before <= 5).all()) if weighted[i] else \
             (before == 1).all()
     assert torch.equal(adv.tokens, adv.seq[:, None] * w * mask)  # R6
+    # the terms say where R5 clipped 1 + 0.5 z (the weight then on a bound) and where it set the box's content
+    flag = lambda start: next(v for k, v in adv.terms.items() if k.startswith(start)).bool()  # noqa: E731
+    clipped, raw = flag("saturated: R5 clips"), adv.terms["R5 1 + 0.5 z (before the clip)"]
+    assert ((w[clipped] == 0.5) | (w[clipped] == 5)).all() and ((raw[clipped] < 0.5) | (raw[clipped] > 5)).all()
+    free = ~raw.isnan() & mask.bool() & ~clipped  # weighed by its saliency, within the bounds
+    assert torch.allclose(w[free], raw[free]) and free.any() == any(weighted)
+    assert torch.equal(flag("saturated: R5 sets the box's content"), (w == 5) & ~clipped & mask.bool())
