@@ -213,8 +213,11 @@ def gradient_saliency(batch, rewards, mask, ctx) -> TokenAdvantages:
     tokens = grail.token_advantages(seq, weights, mask)  # [N, T] R6
     raw = 1 + a.grail_std * got["z"]  # [N, T] R5 before its clip
     free = ~got["fallback"][:, None] & ~got["content"] & ~got["boundary"]  # [N, T] where R5's clip decides
-    terms = {"R3 saliency s": got["saliency"], "R4 z (log s standardised)": got["z"],
-             f"R5 1 + {a.grail_std:g} z (before the clip)": torch.where(free, raw, torch.full_like(raw, float("nan"))),
+    unscored = got["fallback"][:, None].expand_as(raw)  # [N, T] rows R3 did not score: no saliency to show
+    nan = torch.full_like(raw, float("nan"))  # [N, T]
+    terms = {"R3 saliency s": torch.where(unscored, nan, got["saliency"]),
+             "R4 z (log s standardised)": torch.where(unscored, nan, got["z"]),
+             f"R5 1 + {a.grail_std:g} z (before the clip)": torch.where(free, raw, nan),
              "R5 weight": weights, "R6 A_i * weight": tokens,
              SATURATED + f"R5 clips 1 + {a.grail_std:g} z to [{a.grail_min:g}, {a.grail_max:g}]":
                  _flag(free & ((raw < a.grail_min) | (raw > a.grail_max)), mask),

@@ -101,7 +101,7 @@ def _token(text: str) -> str:
 
 
 def _num(x: float) -> str:
-    return "n/a" if x != x else f"{x:.4g}"  # NaN: a term the rule did not compute for that token
+    return "n/a" if x != x else f"{x + 0.0:.4g}"  # NaN: a term the rule did not compute for that token; no "-0"
 
 
 def _shown(text: str) -> str:
