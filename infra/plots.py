@@ -121,7 +121,7 @@ def _flags(rollouts: list) -> dict:
     """{flag name: how many tokens of the page have it on}, for the flags on somewhere, in the rules' order."""
     counts = {}
     for r in rollouts:
-        for k, v in (r[4] if len(r) > 4 else {}).items():
+        for k, v in ((r[4] if len(r) > 4 else None) or {}).items():
             if k.startswith((SATURATED, NOTE)):
                 counts[k] = counts.get(k, 0) + sum(1 for x in v if x)
     return {k: n for k, n in counts.items() if n}
@@ -170,7 +170,7 @@ def token_heatmap(path: str, title: str, question: str, rollouts: list, kind: st
     flags = _flags(rollouts)
     rows = []
     for i, (tokens, values, reward, adv, *more) in enumerate(rollouts):
-        terms, ids = (more + [{}, None])[:2] if more else ({}, None)
+        terms, ids = (more[0] if more else {}) or {}, more[1] if len(more) > 1 else None
         width = max((len(k) for k in terms if not k.startswith((SATURATED, NOTE))), default=0)
         spans = []
         for j, (t, v) in enumerate(zip(tokens, values)):
