@@ -135,7 +135,9 @@ def response_saliency(model, prompts: list, responses: list, spans: dict, temper
 def batch_weights(model, batch: dict, adv_seq, mask, tokenizer, pieces: dict, *, temperature: float,
                   symmetry: str = "wrong", std: float = 0.5, w_min: float = 0.5, w_max: float = 5.0,
                   chunk: int = 8) -> tuple:
-    """R1-R5 for a batch of sample.generate(): (weights [N, T], saliency [N, T]). adv_seq [N] the rollouts' A_i, mask
+    """R1-R5 for a batch of sample.generate(): (weights [N, T], details). details, for the heat maps: "saliency" (R3's
+    s), "z" (R4's), "content" and "boundary" (R5's overrides) [N, T], "fallback" [N] (R5's rows of weight 1), as the
+    weights were made of them. adv_seq [N] the rollouts' A_i, mask
     [N, T] the loss's tokens. symmetry: which rollouts are weighted, "wrong" (A_i < 0: the authors' default; A_i > 0
     falls back to 1), "correct" (A_i > 0) or "both"; only those rollouts run the backward, and only those with a box
     (the others fall back too); A_i = 0 has no advantage to weigh."""
@@ -153,6 +155,7 @@ def batch_weights(model, batch: dict, adv_seq, mask, tokenizer, pieces: dict, *,
             content[i, inner:end - 1] = True
             boundary[i, start:inner], boundary[i, end - 1:] = True, True  # marker, closing brace, what follows
     fallback = torch.tensor([i not in todo for i in range(N)])  # [N]
-    w = weights(standardise(s, mask), mask, fallback.to(mask.device), content.to(mask.device),
-                boundary.to(mask.device), std, w_min, w_max)  # [N, T]
-    return w, s
+    z, fallback, content, boundary = standardise(s, mask), fallback.to(mask.device), content.to(mask.device), \
+        boundary.to(mask.device)  # [N, T], [N], [N, T], [N, T]
+    w = weights(z, mask, fallback, content, boundary, std, w_min, w_max)  # [N, T]
+    return w, {"saliency": s, "z": z, "content": content, "boundary": boundary, "fallback": fallback}

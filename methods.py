@@ -16,12 +16,13 @@ rlsd), each from one table.
 A base is a set of flag defaults (any flag given on the command line wins) and D4's length share. A token rule is
 one function with one signature, as verl registers its advantage estimators by name:
 
-    rule(batch, rewards, mask, ctx) -> TokenAdvantages(tokens [N, T], seq [N], values [N, T] or None)
+    rule(batch, rewards, mask, ctx) -> TokenAdvantages(tokens [N, T], seq [N], values [N, T] or None, terms)
 
 batch: what sample.generate() returned for the step's N = B * G rollouts (groups consecutive); rewards [B, G];
 mask [N, T] the tokens that enter the loss (D4's overlong filter applied); ctx: the Context below. `tokens` is
 A_{i,t}, what the loss (G3) uses; `seq` is the rollout advantage A_i it was built from (logged by O7); `values`
-the per-token quantity the heat maps colour (KTAE's key-token values, OAR's weights), None for plain GRPO.
+the per-token quantity the heat maps colour (KTAE's key-token values, OAR's weights), None for plain GRPO; `terms`
+(optional) the tagged quantities behind `values`, which the heat maps show on hover.
 
 A new rule is one function and one entry in RULES; `--method grpo+NAME` and `--method dapo+NAME` then exist, with
 every flag, log and checkpoint of the others (README.md, "Adding a token rule", has a worked one that the tests
@@ -48,6 +49,7 @@ import surprisal
 import shear
 from config.shared import number
 from infra import models
+from infra.plots import NOTE, SATURATED  # the two kinds of flag in TokenAdvantages.terms, as the heat maps read them
 
 @dataclass(frozen=True)
 class Base:
@@ -70,6 +72,20 @@ class TokenAdvantages(NamedTuple):
     tokens: torch.Tensor  # [N, T] A_{i,t}, 0 outside the mask
     seq: torch.Tensor  # [N] A_i, the rollout's advantage (G1 of its rewards)
     values: Optional[torch.Tensor]  # [N, T] what the heat map colours, or None
+    # The per-token quantities behind values, for the heat map's hover text and tables: {name: [N, T]}, each name led
+    # by its equation's tag ("K3 Fisher p"), NaN where a term was not computed for that token. A name that starts
+    # with SATURATED or NOTE holds a 0/1 flag, the rest of the name saying why the token's value is what it is (a
+    # clip or a cap reached, a value the rule sets rather than measures). None: the rule explains nothing.
+    terms: Optional[dict] = None
+
+    def rows(self, which) -> "TokenAdvantages":
+        """The same advantages for the rollouts `which` (a slice or index tensor), terms included."""
+        return TokenAdvantages(*(None if x is None else x[which] for x in self[:3]),
+                               None if self.terms is None else {k: v[which] for k, v in self.terms.items()})
+
+
+def _flag(on: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (on & mask.bool()).float()  # [N, T] a term's 0/1 flag, on the scored tokens only
 
 
 @dataclass
@@ -99,9 +115,56 @@ def key_tokens(batch, rewards, mask, ctx) -> TokenAdvantages:
     a, seq = ctx.args, sequence_advantages(rewards, ctx)  # [N]
     special = (ctx.tokenizer.pad_token_id, ctx.tokenizer.eos_token_id)  # never key tokens
     resp = batch["input_ids"][:, batch["prompt_len"]:]  # [N, T]
-    values, _ = ktae.token_values(resp, mask, rewards, special_ids=special, alpha=a.ktae_alpha, beta=a.ktae_beta,
-                                  top=a.ktae_top, use_tf=not a.ktae_no_tf)  # [N, T] K1-K6
-    return TokenAdvantages(ktae.token_advantages(seq, values, mask), seq, values)  # [N, T]
+    values, table = ktae.token_values(resp, mask, rewards, special_ids=special, alpha=a.ktae_alpha,
+                                      beta=a.ktae_beta, top=a.ktae_top, use_tf=not a.ktae_no_tf)  # [N, T] K1-K6
+    tokens = ktae.token_advantages(seq, values, mask)  # [N, T] K7
+    return TokenAdvantages(tokens, seq, values, _ktae_terms(table, rewards, mask, tokens, special, a))
+
+
+def _ktae_terms(t, rewards, mask, tokens, special, a) -> Optional[dict]:
+    """KTAE's terms: each position gets its (group, id) entry's K1-K6 from ktae.token_values's table, and K7's
+    A_i + value. None when no group mixes right and wrong rollouts (no table: every value is 0)."""
+    if t is None:
+        return None
+    G = rewards.shape[1]
+    _, n_T, n_F = ktae.split(rewards)  # K1 [B], [B]
+    covered = mask.bool() & ((n_T > 0) & (n_F > 0)).repeat_interleave(G).to(mask.device)[:, None]  # [N, T]
+    # the positions of the table's `inv`, picked as token_values picks them
+
+    def spread(x, empty=float("nan")):  # [U] per entry -> [N, T] per position
+        out = torch.full(mask.shape, empty, device=mask.device)  # [N, T]
+        out[covered] = x.float()[t["inv"]]
+        return out
+
+    S = (a.ktae_alpha * t["F"] + a.ktae_beta * t["IG"]) / (a.ktae_alpha + a.ktae_beta)  # [U] K6's strength
+    ktv, top, use_tf = t["ktv"], a.ktae_top, not a.ktae_no_tf  # [U]
+    terms = {"K1 n_T (right rollouts)": t["a"] + t["c"], "K1 n_F (wrong rollouts)": t["b"] + t["d"],
+             "K2 a (right rollouts with it)": t["a"], "K2 b (wrong rollouts with it)": t["b"], "K3 Fisher p": t["p"],
+             "K3 strength F": t["F"], "K4 information gain IG": t["IG"], "K5 count in right": t["count_T"],
+             "K5 count in wrong": t["count_F"], "K5 direction D": t["D"], "K6 strength S": S, "K6 S*D": S * t["D"],
+             "K6 value": ktv}
+    terms = {k: spread(v) for k, v in terms.items()}
+    terms["K7 A_i + value"] = tokens
+    special_e = torch.zeros_like(t["vocab"], dtype=torch.bool)  # [U]
+    for s in special:
+        special_e |= t["vocab"] == s
+    one_class = (t["a"] == 0) | (t["b"] == 0)  # [U] with K5's frequency term, D divides by TF_other + 1e-5
+    # K6 = (sigmoid(S D) - 0.5) 2 top = top tanh(S D / 2): within 0.1 % of +-top once |S D| >= 7.6, 0.05 top below 0.1
+    saturated, faint = ktv.abs() >= 0.999 * top, (ktv != 0) & (ktv.abs() < 0.05 * top)  # [U], [U]
+    flags = {
+        SATURATED + "the id occurs in one class only, so K5's TF_T / (TF_F + 1e-5) (or its mirror) divides by 1e-5 "
+        "and D is huge: S*D is past 7.6, where K6 = top tanh(S*D / 2) is within 0.1 % of +-top, whatever F and IG":
+            saturated & one_class & use_tf,
+        SATURATED + "|S*D| >= 7.6, where K6 = top tanh(S*D / 2) is within 0.1 % of +-top": saturated & ~(
+            one_class & use_tf),
+        NOTE + "faint (|K6| < 5 % of top, |S*D| < 0.1): the id occurs in both classes, so K5 has no 1e-5 division, "
+        "and S or D is near 0 (see their lines)": faint & ~one_class,
+        NOTE + "S = 0, so K6 = 0: no strength (F is 0 when p = 1; IG is 0 when the id is as common in right as in "
+        "wrong rollouts)":
+            (S == 0) & ~special_e,
+        NOTE + "pad or EOS: never a key token, K6 set to 0 (its K2-K5 are still shown)": special_e,
+    }
+    return {**terms, **{k: spread(v.float(), 0.0) for k, v in flags.items()}}
 
 
 def outcome_grounded(scorer: str):
@@ -111,12 +174,32 @@ def outcome_grounded(scorer: str):
         a, seq = ctx.args, sequence_advantages(rewards, ctx)  # [N]
         enc = lambda s: ctx.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
         answers = [enc(q["answer"] + "}") for q in ctx.problems for _ in range(a.group_size)]  # O1's teacher forcing
+        got = {}  # O2/O3's scores, O4's normalised ones, the reasoning mask: the heat map's terms
         with sample.float32(ctx.model):  # under bf16's rounding OAR's scores are mostly noise (tests/test_lora.py)
             weights = oar.batch_weights(ctx.model, batch, answers, enc(a.oar_cue), seq, ctx.tokenizer, ctx.pieces,
                                         scorer=scorer, probe=a.oar_probe, q=a.oar_q, beta=a.oar_beta,
-                                        sigma=a.oar_sigma, chunk=a.oar_chunk)  # [N, T]
-        return TokenAdvantages(oar.token_advantages(seq, weights, mask), seq, weights)  # [N, T]
+                                        sigma=a.oar_sigma, chunk=a.oar_chunk, details=got)  # [N, T]
+        tokens = oar.token_advantages(seq, weights, mask)  # [N, T] O6
+        return TokenAdvantages(tokens, seq, weights, _oar_terms(got, weights, tokens, seq, mask, scorer, a))
     return rule
+
+
+def _oar_terms(got: dict, weights, tokens, seq, mask, scorer: str, a) -> dict:
+    """OAR's terms: O2's or O3's score I, O4's Ihat, O5's quantile tau and weight, O6's A_i w; NaN off the scored
+    reasoning. Flags where O5 floors a weight at 0.1, and where a token keeps weight 1 unscored."""
+    reason = got["reason"].bool() & mask.bool()  # [N, T]
+    nan = torch.full_like(weights, float("nan"))  # [N, T]
+    tau = oar.quantile(got["normalised"], reason, a.oar_q)[:, None].expand_as(weights)  # [N, T] O5's tau
+    floored = reason & (got["normalised"] < tau) & (got["normalised"] / (tau + 1e-8) < 0.1)  # [N, T] O5's clamp
+    name = "O2 perturbation score I" if scorer == "perturb" else "O3 gradient score I"
+    terms = {name: got["scores"], "O4 normalised Ihat": got["normalised"],
+             f"O5 tau (Ihat's {a.oar_q:g}-quantile)": tau}
+    terms = {k: torch.where(reason, v, nan) for k, v in terms.items()}
+    return {**terms, "O5 Bi-Level weight": weights * mask, "O6 A_i * weight": tokens,
+            SATURATED + "O5 floors Ihat / tau at 0.1 (a score far below the rollout's quantile tau), before the "
+            "weights are scaled to sum to R": _flag(floored, mask),
+            NOTE + "not scored: O5 gives 1 to the boxed answer, EOS and every token of a rollout whose A_i is 0":
+                _flag(~reason, mask)}
 
 
 def gradient_saliency(batch, rewards, mask, ctx) -> TokenAdvantages:
@@ -125,18 +208,42 @@ def gradient_saliency(batch, rewards, mask, ctx) -> TokenAdvantages:
     float32 whatever --bf16 says, as OAR."""
     a, seq = ctx.args, sequence_advantages(rewards, ctx)  # [N]
     with sample.float32(ctx.model):
-        weights, _ = grail.batch_weights(ctx.model, batch, seq, mask, ctx.tokenizer, ctx.pieces,
-                                         temperature=a.temperature, symmetry=a.grail_symmetry, std=a.grail_std,
-                                         w_min=a.grail_min, w_max=a.grail_max, chunk=a.oar_chunk)  # [N, T]
-    return TokenAdvantages(grail.token_advantages(seq, weights, mask), seq, weights)  # [N, T]
+        weights, got = grail.batch_weights(ctx.model, batch, seq, mask, ctx.tokenizer, ctx.pieces,
+                                           temperature=a.temperature, symmetry=a.grail_symmetry, std=a.grail_std,
+                                           w_min=a.grail_min, w_max=a.grail_max, chunk=a.oar_chunk)  # [N, T]
+    tokens = grail.token_advantages(seq, weights, mask)  # [N, T] R6
+    raw = 1 + a.grail_std * got["z"]  # [N, T] R5 before its clip
+    free = ~got["fallback"][:, None] & ~got["content"] & ~got["boundary"]  # [N, T] where R5's clip decides
+    unscored = got["fallback"][:, None].expand_as(raw)  # [N, T] rows R3 did not score: no saliency to show
+    nan = torch.full_like(raw, float("nan"))  # [N, T]
+    terms = {"R3 saliency s": torch.where(unscored, nan, got["saliency"]),
+             "R4 z (log s standardised)": torch.where(unscored, nan, got["z"]),
+             f"R5 1 + {a.grail_std:g} z (before the clip)": torch.where(free, raw, nan),
+             "R5 weight": weights, "R6 A_i * weight": tokens,
+             SATURATED + f"R5 clips 1 + {a.grail_std:g} z to [{a.grail_min:g}, {a.grail_max:g}]":
+                 _flag(free & ((raw < a.grail_min) | (raw > a.grail_max)), mask),
+             SATURATED + f"R5 sets the box's content to {a.grail_max:g}, whatever its saliency":
+                 _flag(got["content"], mask),
+             NOTE + "R5 sets the box's marker, its closing brace and what follows to 1": _flag(got["boundary"], mask),
+             NOTE + f"not weighted: R5 gives 1 to a rollout without a box, or whose A_i is not of the sign "
+             f"--grail-symmetry {a.grail_symmetry} weighs": _flag(got["fallback"][:, None] & ~got["content"]
+                                                                  & ~got["boundary"], mask)}
+    return TokenAdvantages(tokens, seq, weights, terms)
 
 
 def high_entropy(batch, rewards, mask, ctx) -> TokenAdvantages:
     """E1, the high-entropy minority: A_{i,t} = A_i on the top share of the batch's tokens by sampling entropy
     (--top-entropy-quantile), 0 elsewhere. The heat maps' values: the entropy."""
-    seq = sequence_advantages(rewards, ctx)  # [N]
-    tokens = entropy.token_advantages(seq, batch["entropy"], mask, ctx.args.top_entropy_quantile)  # [N, T] E1
-    return TokenAdvantages(tokens, seq, batch["entropy"] * mask)  # [N, T]
+    seq, H = sequence_advantages(rewards, ctx), batch["entropy"] * mask  # [N], [N, T]
+    share = ctx.args.top_entropy_quantile
+    tokens = entropy.token_advantages(seq, batch["entropy"], mask, share)  # [N, T] E1
+    tau = entropy.entropy_threshold(batch["entropy"], mask, share)
+    terms = {"E1 entropy H (nats)": H.float(),
+             f"E1 tau (the batch's {1 - share:g}-quantile)": torch.full_like(H, float("nan") if tau is None else tau,
+                                                                            dtype=torch.float),
+             "E1 kept (H >= tau)": entropy.top_entropy_mask(batch["entropy"], mask, share).float(),
+             "E1 A_i if kept, else 0": tokens}
+    return TokenAdvantages(tokens, seq, H, terms)  # [N, T]
 
 
 def surprisal_weighted(batch, rewards, mask, ctx) -> TokenAdvantages:
@@ -144,7 +251,16 @@ def surprisal_weighted(batch, rewards, mask, ctx) -> TokenAdvantages:
     weight 1), a right rollout's A_i on every token. The heat maps' values: the weights."""
     seq = sequence_advantages(rewards, ctx)  # [N]
     w = surprisal.weights(batch["logprobs"], mask)  # [N, T] U1
-    return TokenAdvantages(surprisal.token_advantages(seq, w, mask), seq, w)  # [N, T]
+    tokens = surprisal.token_advantages(seq, w, mask)  # [N, T]
+    s = -batch["logprobs"].float() * mask  # [N, T] the surprisal U1 divides by its rollout's mean
+    mean = s.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)  # [N, 1]
+    terms = {"U1 surprisal s = -log p": s, "U1 rollout's mean s": mean.expand_as(s), "U1 weight s / mean": w,
+             "U1 A_{i,t}": tokens,
+             NOTE + "A_i >= 0: U1 leaves a rollout that is not wrong at A_i on every token; its weight is unused":
+                 _flag((seq >= 0)[:, None].expand_as(s), mask)}
+    return TokenAdvantages(tokens, seq, w, terms)
+
+
 def hidden_divergence(batch, rewards, mask, ctx) -> TokenAdvantages:
     """SHEAR: S1-S4 weigh each token by how far its span's hidden states lie, as a distribution, from the same span
     of the group's rollouts of the other outcome (K1's split, r_i > 0); S5 scales A_i by it. One no-grad forward of
@@ -152,9 +268,19 @@ def hidden_divergence(batch, rewards, mask, ctx) -> TokenAdvantages:
     a, seq = ctx.args, sequence_advantages(rewards, ctx)  # [N]
     correct = (rewards > 0).view(-1).to(mask.device)  # [N]
     with sample.float32(ctx.model):
-        w, _ = shear.batch_weights(ctx.model, batch, correct, seq, mask, a.group_size, span=a.shear_span,
-                                   alpha=a.shear_alpha, chunk=a.micro_batch_size)  # [N, T]
-    return TokenAdvantages(shear.token_advantages(seq, w, mask), seq, w)  # [N, T]
+        w, got = shear.batch_weights(ctx.model, batch, correct, seq, mask, a.group_size, span=a.shear_span,
+                                     alpha=a.shear_alpha, chunk=a.micro_batch_size)  # [N, T]
+    tokens = shear.token_advantages(seq, w, mask)  # [N, T] S5
+    d, seen = got["distance"], got["measured"]  # [N, T], [N, T]
+    dbar = (d * seen).sum(-1, keepdim=True) / seen.sum(-1, keepdim=True).clamp(min=1)  # [N, 1] S4's, as it is there
+    span = shear.span_index(mask.shape[1], a.shear_span).to(mask.device).float()  # [T] S2
+    nan = torch.full_like(d, float("nan"))  # [N, T]
+    terms = {"S2 span": span.expand_as(d) * mask, "S3 distance d": torch.where(seen.bool(), d, nan),
+             "S4 rollout's mean dbar": torch.where(seen.bool(), dbar.expand_as(d), nan), "S4 weight": w,
+             "S5 A_i * weight": tokens,
+             NOTE + "not measured (no state of the other outcome in this span, or a group all right or all wrong): "
+             "weight 1": _flag(~seen.bool(), mask)}
+    return TokenAdvantages(tokens, seq, w, terms)
 
 
 def self_distilled(batch, rewards, mask, ctx) -> TokenAdvantages:
@@ -173,7 +299,18 @@ def self_distilled(batch, rewards, mask, ctx) -> TokenAdvantages:
                                             ctx.tokenizer.pad_token_id, a.temperature, a.micro_batch_size, G)
         delta[rows] = rlsd.evidence(teacher, batch["logprobs"][rows].float(), mask[rows].float())  # [n, T] L2
     w = rlsd.weights(delta, seq, mask, a.rlsd_eps)  # [N, T] L3
-    return TokenAdvantages(rlsd.token_advantages(seq, w, mask, a.rlsd_lambda), seq, delta)  # [N, T] L4
+    tokens = rlsd.token_advantages(seq, w, mask, a.rlsd_lambda)  # [N, T] L4
+    taught = (seq != 0)[:, None].expand_as(delta)  # [N, T] the rows the teacher read
+    raw = torch.exp(torch.sign(seq)[:, None] * delta)  # [N, T] L3 before its clip
+    student = batch["logprobs"].float() * mask  # [N, T]
+    nan = torch.full_like(delta, float("nan"))  # [N, T]
+    terms = {"L1 teacher log p": torch.where(taught, student + delta, nan), "L1 sampler log p": student,
+             "L2 evidence delta": delta, "L3 exp(sign(A_i) delta) (before the clip)": torch.where(taught, raw, nan),
+             "L3 weight": w, "L4 A_{i,t}": tokens,
+             SATURATED + f"L3 clips exp(sign(A_i) delta) to [{1 - a.rlsd_eps:g}, {1 + a.rlsd_eps:g}]":
+                 _flag(taught & ((raw < 1 - a.rlsd_eps) | (raw > 1 + a.rlsd_eps)), mask),
+             NOTE + "A_i = 0: no teacher forward, evidence 0, and no advantage to weigh": _flag(~taught, mask)}
+    return TokenAdvantages(tokens, seq, delta, terms)  # [N, T]
 
 
 def _alike(adv: TokenAdvantages, batch, mask, args) -> torch.Tensor:
@@ -498,3 +635,4 @@ def rules_file_of(argv: list):
         if word.startswith("--rules-file="):
             return word.split("=", 1)[1]
     return None
+

@@ -212,28 +212,38 @@ def token_advantages(adv_seq: torch.Tensor, weights: torch.Tensor, mask: torch.T
 
 def token_weights(model, prompts: list, responses: list, pieces: list, answers: list, cue: list, adv_seq,
                   T: int, pad_id: int, *, scorer: str, probe: str, q: float, beta: float, sigma: float,
-                  chunk: int, share_rows: bool = True):
+                  chunk: int, share_rows: bool = True, details: dict = None):
     """O1-O5 for a batch: weights [N, T] on the response tokens (1 outside the reasoning span and for rollouts
     with A_i = 0, which are not scored: their advantage stays 0 whatever the weights).
 
     prompts: the prompt token ids of each rollout (unpadded); responses: its response ids without EOS; pieces:
     their decoded texts; answers: the gold answer's ids followed by "}"; cue: the conclude cue's ids.
+    details: a dict to receive what the weights were made of, for the heat maps (the weights are the same with or
+    without it): "scores" (O2's or O3's I), "normalised" (O4's Ihat) and "reason" (1 on the scored reasoning
+    tokens), each [N, T] and 0 elsewhere.
     """
     weights = torch.ones((len(responses), T), device=adv_seq.device)  # [N, T]
     todo = [i for i in range(len(responses)) if adv_seq[i] != 0]
     lengths = {i: reasoning_length(pieces[i]) for i in todo}
 
-    def score(ids, attn, reason, probe_mask, P, forward):  # O2 or O3, then O4-O5: weights [n, L]
+    def score(ids, attn, reason, probe_mask, P, forward):  # O2 or O3, then O4-O5: weights, I, Ihat [n, 3, L]
         if scorer == "perturb":
             scores = perturbation_scores(model, ids, attn, reason, probe_mask, pad_id, probe, chunk, forward,
                                          share_rows=share_rows)
         else:
             scores = gradient_scores(model, ids, attn, reason, probe_mask, probe, sigma, forward)
-        return reshape(normalise(scores, reason), reason, q, beta)  # [n, L]
+        ihat = normalise(scores, reason)  # [n, L]
+        return torch.stack([reshape(ihat, reason, q, beta), scores, ihat], 1)  # [n, 3, L]
 
-    for i, (wt, reason) in score_in_chunks(model, todo, prompts, responses, lengths, cue, answers, pad_id, chunk,
-                                           score).items():
-        weights[i, :lengths[i]] = wt[reason.bool()]  # the reasoning tokens are the first R of each response
+    if details is not None:
+        details.update({k: torch.zeros_like(weights) for k in ("scores", "normalised", "reason")})  # [N, T] each
+    for i, (out, reason) in score_in_chunks(model, todo, prompts, responses, lengths, cue, answers, pad_id, chunk,
+                                            score).items():
+        m = reason.bool()  # [L]
+        weights[i, :lengths[i]] = out[0, m]  # the reasoning tokens are the first R of each response
+        if details is not None:
+            details["scores"][i, :lengths[i]], details["normalised"][i, :lengths[i]] = out[1, m], out[2, m]
+            details["reason"][i, :lengths[i]] = 1
     return weights
 
 
@@ -243,10 +253,11 @@ def score_in_chunks(model, todo: list, prompts: list, responses: list, lengths: 
     its first lengths[i] response tokens + cue + answers[i] (build_inputs); rollouts of similar length share a
     forward, `chunk` at a time, and those with the same prompt run it once where the model allows it
     (fastpath.prompt_sharing; all of it but its last token with prompt_gradient, for a gradient to reach that token).
-    score(ids, attn, reason, probe, P, forward) -> [n, L] for each chunk, forward the prompt-sharing one or None.
+    score(ids, attn, reason, probe, P, forward) -> [n, L] (or [n, k, L]: k rows per rollout) for each chunk, forward
+    the prompt-sharing one or None.
     The model scores in eval mode with no parameter requiring a gradient, so that a backward reaches the embeddings
     alone and skips the weight gradients it would compute and throw away; it is left as it was.
-    Returns {i: (its row of the scores [L], its reasoning mask [L])}."""
+    Returns {i: (its row of the scores [L] (or [k, L]), its reasoning mask [L])}."""
     if not todo:
         return {}
     todo = sorted(todo, key=lambda i: lengths[i] + len(answers[i]))  # similar lengths together: less padding
@@ -293,14 +304,15 @@ def rollouts(batch: dict, tokenizer, pieces: dict) -> tuple:
 
 
 def batch_weights(model, batch: dict, answers: list, cue: list, adv_seq, tokenizer, pieces: dict, *, scorer: str,
-                  probe: str, q: float, beta: float, sigma: float, chunk: int, share_rows: bool = True):
+                  probe: str, q: float, beta: float, sigma: float, chunk: int, share_rows: bool = True,
+                  details: dict = None):
     """O1-O5 (token_weights) for a batch of sample.generate(): weights [N, T]. answers: the gold answer's ids and
     "}" per rollout; cue: the conclude cue's ids; adv_seq [N]. share_rows: OAR-P's speed path (False: the plain
-    one, for tools/bench's A/B)."""
+    one, for tools/bench's A/B). details: as token_weights's."""
     prompts, responses, texts = rollouts(batch, tokenizer, pieces)
     return token_weights(model, prompts, responses, texts, answers, cue, adv_seq, batch["response_mask"].shape[1],
                          tokenizer.pad_token_id, scorer=scorer, probe=probe, q=q, beta=beta, sigma=sigma, chunk=chunk,
-                         share_rows=share_rows)
+                         share_rows=share_rows, details=details)
 
 
 def advantage_concentration(adv: torch.Tensor, mask: torch.Tensor, adv_seq: torch.Tensor) -> dict:

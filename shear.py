@@ -116,18 +116,22 @@ def token_advantages(adv_seq: torch.Tensor, w: torch.Tensor, mask: torch.Tensor)
 
 def batch_weights(model, batch: dict, correct: torch.Tensor, adv_seq: torch.Tensor, mask: torch.Tensor,
                   group_size: int, *, span: int, alpha: float, chunk: int):
-    """S1-S4 for a batch of sample.generate(): (weights [N, T], distances [N, T]). correct [N] bool (K1's split,
-    r_i > 0); only groups that hold both outcomes and some A_i != 0 run the forward; the others keep weight 1."""
+    """S1-S4 for a batch of sample.generate(): (weights [N, T], details). details, for the heat maps: "distance"
+    (S3's d) and "measured" (1 where S3 compared the span with the other outcome's), [N, T] each. correct [N] bool
+    (K1's split, r_i > 0); only groups that hold both outcomes and some A_i != 0 run the forward; the others keep
+    weight 1."""
     N, T = mask.shape
     w, dist = torch.ones((N, T), device=mask.device) * mask, torch.zeros((N, T), device=mask.device)
+    seen = torch.zeros((N, T), device=mask.device)  # [N, T]
+    details = {"distance": dist, "measured": seen}
     groups = correct.view(-1, group_size)  # [B, G]
     mixed = (groups.any(1) & ~groups.all(1) & (adv_seq.view(-1, group_size) != 0).any(1)).nonzero().flatten()
     if not len(mixed):
-        return w, dist
+        return w, details
     rows = (mixed[:, None] * group_size + torch.arange(group_size, device=mixed.device)).flatten()  # [n]
     h = hidden_states(model, batch, rows.to(batch["input_ids"].device), chunk)  # [n, T, H]
     for k, g in enumerate(mixed.tolist()):
         r = slice(g * group_size, (g + 1) * group_size)
         d, measured = span_distances(h[k * group_size:(k + 1) * group_size], mask[r].float(), correct[r], span)
-        w[r], dist[r] = weights(d, measured, mask[r].float(), alpha), d
-    return w, dist
+        w[r], dist[r], seen[r] = weights(d, measured, mask[r].float(), alpha), d, measured
+    return w, details

@@ -152,7 +152,8 @@ def write_heatmap(path: str, method: str, step: int, heatmap, tokenizer, problem
     """A token heat map of the first group of the batch that mixes right and wrong answers (nothing when none does):
     every token coloured by the rule's per-token values (TokenAdvantages.values: KTAE's key-token values, OAR's
     weights, E1's entropies) as heatmap (methods.HeatMap) says, each rollout with its reward and sequence advantage
-    (plots.token_heatmap builds the page and its legend)."""
+    (plots.token_heatmap builds the page and its legend), each token with the terms behind its value
+    (TokenAdvantages.terms) and its id."""
     G, resp = rewards.shape[1], batch["input_ids"][:, batch["prompt_len"]:]  # [N, T]
     mixed = [g for g in range(len(problems)) if 0 < (rewards[g] > 0).sum() < G]
     if not mixed:
@@ -161,8 +162,10 @@ def write_heatmap(path: str, method: str, step: int, heatmap, tokenizer, problem
     rollouts = []
     for i in range(g * G, (g + 1) * G):
         n = int(mask[i].sum())
-        tokens = [tokenizer.decode([t]) for t in resp[i, :n].tolist()]
-        rollouts.append((tokens, adv.values[i, :n].tolist(), rewards[g, i - g * G].item(), adv.seq[i].item()))
+        ids = resp[i, :n].tolist()
+        terms = {k: v[i, :n].tolist() for k, v in (adv.terms or {}).items()}
+        rollouts.append(([tokenizer.decode([t]) for t in ids], adv.values[i, :n].tolist(), rewards[g, i - g * G].item(),
+                         adv.seq[i].item(), terms, ids))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     plots.token_heatmap(path, f"{method}: {heatmap.what}, step {step}", problems[g]["prompt"], rollouts,
                         kind=heatmap.kind, centre=heatmap.centre, scale=heatmap.scale)

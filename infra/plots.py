@@ -2,15 +2,21 @@
 
 token_heatmap() colours every token of every rollout of one group by a per-token value, in pastel backgrounds
 with a coloured underline so that the text stays readable: green above the centre, red below, the intensity
-proportional to |value - centre| / scale, the exact value on hover; each token rule says its centre and scale
-(methods.Rule.heatmap: KTAE's values around 0, OAR's weights around 1). Each rollout's header gives its reward and
-its sequence advantage, and a legend per kind says what the colours mean.
+proportional to |value - centre| / scale; each token rule says its centre and scale (methods.Rule.heatmap: KTAE's
+values around 0, OAR's weights around 1). Hovering a token shows the exact value and the terms of the rule's
+equations behind it (methods.TokenAdvantages.terms, each tagged as in EQUATIONS.md); a token whose value is
+saturated (a clip or a cap reached) has a dashed box, and the hover text and the legend say why. Each rollout's
+header gives its reward and its sequence advantage, and a legend per kind says what the colours mean. A kind whose
+values belong to a token id across the group (KTAE) adds a table of every id's terms.
 
 curves() draws one metric over the steps, a line per method: the mean over seeds, smoothed by a moving
 average (the raw mean faint behind it) and a band from the lowest to the highest seed.
 """
 import html
 
+SATURATED, NOTE = "saturated: ", "note: "  # a term whose name starts so is a 0/1 flag, the rest of the name why
+# kinds whose values belong to a token id across the whole group (KTAE's K2-K6): their page adds a table of each id
+PER_ID = {"ktae"}
 GREEN, RED = (0, 160, 0), (220, 0, 0)  # backgrounds at most 45 % opaque (pastel), underlines up to the full colour
 MAX_ALPHA = 0.45
 
@@ -94,36 +100,121 @@ def _token(text: str) -> str:
             or "&nbsp;")
 
 
+def _num(x: float) -> str:
+    return "n/a" if x != x else f"{x + 0.0:.4g}"  # NaN: a term the rule did not compute for that token; no "-0"
+
+
+def _shown(text: str) -> str:
+    return '"' + text.replace("\n", "\\n") + '"'  # a token's text in the hover text and the table, newline seen
+
+
+def _tip(text: str, tid, value: float, terms: dict, j: int, width: int) -> str:
+    """The hover text of token j: its text, id and value, then each term on its own line, then the reason of each
+    flag that is on."""
+    lines = [f"{_shown(text)}" + ("" if tid is None else f" (id {tid})") + f": value {value:+.3f}"]
+    lines += [f"{k.ljust(width)}  {_num(v[j])}" for k, v in terms.items() if not k.startswith((SATURATED, NOTE))]
+    lines += [k for k, v in terms.items() if k.startswith((SATURATED, NOTE)) and v[j]]
+    return html.escape("\n".join(lines))
+
+
+def _flags(rollouts: list) -> dict:
+    """{flag name: how many tokens of the page have it on}, for the flags on somewhere, in the rules' order."""
+    counts = {}
+    for r in rollouts:
+        for k, v in ((r[4] if len(r) > 4 else None) or {}).items():
+            if k.startswith((SATURATED, NOTE)):
+                counts[k] = counts.get(k, 0) + sum(1 for x in v if x)
+    return {k: n for k, n in counts.items() if n}
+
+
+def _id_table(rollouts: list, centre: float, scale: float, flags: dict) -> str:
+    """KTAE's per-id table: one row per token id of the group, its text, its positions on the page, its value and
+    every term that is the same at each of its positions (K2-K6; K7 differs by rollout), flags as their numbers in
+    the legend; terms equal for every id (K1's n_T, n_F) go in the caption. Rows by value, highest first."""
+    ids = {}  # id -> (text, [(rollout, position)])
+    for i, r in enumerate(rollouts):
+        for j, (text, tid) in enumerate(zip(r[0], r[5])):
+            ids.setdefault(tid, (text, []))[1].append((i, j))
+    names = list(rollouts[0][4])
+    same = lambda xs: all(x == xs[0] or (x != x and xs[0] != xs[0]) for x in xs)  # noqa: E731  NaN == NaN here
+    at = {k: {tid: [rollouts[i][4][k][j] for i, j in where] for tid, (_, where) in ids.items()} for k in names}
+    per_id = [k for k in names if not k.startswith((SATURATED, NOTE)) and all(same(v) for v in at[k].values())]
+    everywhere = [k for k in per_id if same([v[0] for v in at[k].values()])]
+    columns = [k for k in per_id if k not in everywhere]
+    number = {k: n + 1 for n, k in enumerate(flags)}
+    value = {tid: rollouts[where[0][0]][1][where[0][1]] for tid, (_, where) in ids.items()}
+    rows = []
+    for tid in sorted(ids, key=lambda t: -value[t]):
+        text, where = ids[tid]
+        marks = " ".join(f"({number[k]})" for k in flags if any(rollouts[i][4][k][j] for i, j in where))
+        cells = "".join(f"<td>{_num(at[k][tid][0])}</td>" for k in columns)
+        rows.append(f'<tr><td class="tok"{_attr(value[tid], centre, scale)}>{html.escape(_shown(text))}</td>'
+                    f"<td>{tid}</td><td>{len(where)}</td>{cells}<td>{marks}</td></tr>")
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in ["token", "id", "positions here", *columns, "flags"])
+    caption = "; ".join(f"{html.escape(k)} = {_num(at[k][next(iter(ids))][0])}" for k in everywhere)
+    return (f'<h3 id="ids">Every token id of this group</h3><p>A key-token value belongs to the id: K2-K6 are the '
+            f"same wherever it occurs (K7, A<sub>i</sub> + value, differs by rollout: hover a token for it). "
+            f"{'Same for every id: ' + caption + '. ' if caption else ''}Flags: the numbers of the legend's list."
+            f'</p><table class="ids"><tr>{head}</tr>{"".join(rows)}</table>')
+
+
 def token_heatmap(path: str, title: str, question: str, rollouts: list, kind: str, centre: float, scale: float = 1.0):
     """Write an HTML page for one group. rollouts: list of (tokens: list[str], values: list[float], reward: float,
-    advantage: float), advantage being the rollout's sequence advantage A_i (G1). kind: which legend (LEGENDS)
-    explains the colours; centre: the value left uncoloured; scale: the distance from the centre at full colour.
-    A rule says all three of its values (methods.Rule.heatmap)."""
+    advantage: float[, terms: dict, ids: list[int]]), advantage being the rollout's sequence advantage A_i (G1);
+    terms {name: list[float]}, one value per token (methods.TokenAdvantages.terms: shown on hover, names starting
+    with SATURATED or NOTE being flags); ids the tokens' ids. kind: which legend (LEGENDS) explains the colours;
+    centre: the value left uncoloured; scale: the distance from the centre at full colour. A rule says all three
+    of its values (methods.Rule.heatmap)."""
     if kind not in LEGENDS:
         raise ValueError(f"kind must be one of {sorted(LEGENDS)}, got {kind!r}")
+    flags = _flags(rollouts)
     rows = []
-    for i, (tokens, values, reward, adv) in enumerate(rollouts):
-        spans = "".join(f'<span title="{v:+.3f}"{_attr(v, centre, scale)}>{_token(t)}</span>'
-                        for t, v in zip(tokens, values))
+    for i, (tokens, values, reward, adv, *more) in enumerate(rollouts):
+        terms, ids = (more[0] if more else {}) or {}, more[1] if len(more) > 1 else None
+        width = max((len(k) for k in terms if not k.startswith((SATURATED, NOTE))), default=0)
+        spans = []
+        for j, (t, v) in enumerate(zip(tokens, values)):
+            sat = any(terms[k][j] for k in terms if k.startswith(SATURATED))
+            tip = _tip(t, None if ids is None else ids[j], v, terms, j, width)
+            cls = ' class="sat"' if sat else ""
+            spans.append(f'<span data-v="{v:+.3f}"{_attr(v, centre, scale)}{cls} data-tip="{tip}">{_token(t)}</span>')
         verdict = "rewarded" if reward > 0 else "not rewarded"
         rows.append(f'<div class="r"><div class="h">rollout {i + 1} &middot; reward {reward:g} ({verdict}) &middot; '
-                    f'sequence advantage {adv:+.3f}</div><div class="t">{spans}</div></div>')
+                    f'sequence advantage {adv:+.3f}</div><div class="t">{"".join(spans)}</div></div>')
     swatches = " ".join(f'<span class="sw"{_attr(v, centre, scale)}>{v:+.2f}</span>'
                         for v in (centre + f * scale for f in (-1, -0.5, 0, 0.5, 1)))
     legend = LEGENDS[kind].format(scale=scale, hi=centre + scale, lo=centre - scale, centre=centre)
+    table = kind in PER_ID and rollouts and all(len(r) > 5 and r[4] and r[5] is not None for r in rollouts)
+    boxed = '<span class="sat sw">dashed box</span> '
+    marks = "".join(f"<li>({n}) {boxed if k.startswith(SATURATED) else ''}<b>{c} token{'s' * (c > 1)}</b> "
+                    f"{html.escape(k)}</li>" for n, (k, c) in enumerate(flags.items(), 1))
+    why = f"<p>Why some values are what they are, on this page:</p><ul>{marks}</ul>" if flags else ""
+    explained = any(len(r) > 4 and r[4] for r in rollouts)
+    hover = ("hover a token for the terms behind its value, each tagged with its equation in EQUATIONS.md"
+             + ("; the table below lists every token id's" if table else "") if explained
+             else "hover a token for its exact value")
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title><style>
 body {{ font-family: sans-serif; margin: 2em; max-width: 60em; color: #111; }}
 .r {{ margin: 1em 0; }} .h {{ color: #444; font-size: 90%; margin-bottom: 0.2em; }}
 .q, .t {{ font-family: monospace; font-size: 120%; line-height: 1.8; white-space: pre-wrap; }}
 .t span, .sw {{ padding: 1px 0; color: #111; }} .sw {{ font-family: monospace; padding: 1px 4px; }}
-.t span {{ border-right: 1px solid rgba(0, 0, 0, 0.15); }} .sp {{ color: #999; font-style: normal; }}
+.t span {{ border-right: 1px solid rgba(0, 0, 0, 0.15); position: relative; }}
+.sp {{ color: #999; font-style: normal; }}
+.sat {{ outline: 1.5px dashed #222; outline-offset: -1px; }}
+.t span[data-tip]:hover::after {{ content: attr(data-tip); position: absolute; left: 0; top: 1.7em; z-index: 9;
+  white-space: pre-wrap; width: max-content; max-width: 46em; background: #fffff4; border: 1px solid #888;
+  border-radius: 3px; padding: 0.4em 0.6em; font-size: 11px; line-height: 1.35; box-shadow: 0 2px 6px #0004; }}
 .legend {{ background: #f6f6f6; padding: 0.6em 0.9em; border-radius: 4px; font-size: 92%; line-height: 1.5; }}
+.legend ul {{ margin: 0.3em 0; padding-left: 1.2em; }}
+table.ids {{ border-collapse: collapse; font-size: 80%; }} .ids td, .ids th {{ border: 1px solid #ccc;
+  padding: 2px 5px; text-align: right; }} .ids th {{ background: #eee; font-weight: normal; max-width: 7em; }}
+.ids td.tok {{ font-family: monospace; text-align: left; white-space: pre; }}
 </style></head><body><h2>{html.escape(title)}</h2>
 <p><b>Question</b> (the prompt as the model saw it):</p><div class="q">{html.escape(question)}</div>
-<div class="legend"><p>{legend}</p><p>Scale: {swatches} &nbsp;(hover a token for its exact value). Each rollout's
+<div class="legend"><p>{legend}</p><p>Scale: {swatches} &nbsp;({hover}). Each rollout's
 header gives its reward and its sequence advantage A<sub>i</sub> (G1: its reward minus the group's mean, over the
-group's standard deviation).</p></div>
-{''.join(rows)}</body></html>"""
+group's standard deviation).</p>{why}</div>
+{''.join(rows)}{_id_table(rollouts, centre, scale, flags) if table else ''}</body></html>"""
     with open(path, "w") as f:
         f.write(page)
 

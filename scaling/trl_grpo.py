@@ -110,14 +110,14 @@ def rule_advantages(rule: str, batch: dict, rewards, mask, ctx, rows: slice) -> 
     G = rewards.shape[1]
     if not methods.RULES[rule].scoring:
         adv = methods.RULES[rule].advantages(batch, rewards, mask, ctx)
-        return methods.TokenAdvantages(*(None if x is None else x[rows] for x in adv))
+        return adv.rows(rows)
     g0, g1 = rows.start // G, -(-rows.stop // G)  # the groups that hold rows start .. stop - 1
     keep = torch.arange(g0 * G, g1 * G, device=mask.device)  # [n_g * G]
     sub = {k: v if k == "prompt_len" else v[keep] for k, v in batch.items()}
     part = methods.Context(ctx.args, ctx.model, ctx.tokenizer, ctx.problems[g0:g1], ctx.pieces)
     adv = methods.RULES[rule].advantages(sub, rewards[g0:g1], mask[keep], part)
     inner = slice(rows.start - g0 * G, rows.stop - g0 * G)
-    return methods.TokenAdvantages(*(None if x is None else x[inner] for x in adv))
+    return adv.rows(inner)
 
 
 class RuleGRPOTrainer(GRPOTrainer):

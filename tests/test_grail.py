@@ -177,3 +177,28 @@ def test_the_rule_weighs_wrong_rollouts_only_by_default_and_none_without_a_box(b
         assert ((before != 1).any() and (before >= 0.5).all() and (before <= 5).all()) if weighted[i] else \
             (before == 1).all()
     assert torch.equal(adv.tokens, adv.seq[:, None] * w * mask)  # R6
+    # the terms say where R5 clipped 1 + 0.5 z (the weight then on a bound) and where it set the box's content
+    flag = lambda start: next(v for k, v in adv.terms.items() if k.startswith(start)).bool()  # noqa: E731
+    clipped, raw = flag("saturated: R5 clips"), adv.terms["R5 1 + 0.5 z (before the clip)"]
+    assert ((w[clipped] == 0.5) | (w[clipped] == 5)).all() and ((raw[clipped] < 0.5) | (raw[clipped] > 5)).all()
+    free = ~raw.isnan() & mask.bool() & ~clipped  # weighed by its saliency, within the bounds
+    assert torch.allclose(w[free], raw[free]) and free.any() == any(weighted)
+    assert torch.equal(flag("saturated: R5 sets the box's content"), (w == 5) & ~clipped & mask.bool())
+
+
+def test_the_rules_terms_flag_where_r5_clips_at_either_bound(base):
+    # --grail-std 10 spreads 1 + 10 z past both of R5's bounds on the wrong rollout's reasoning (at the default 0.5 the
+    # test above clips nothing): each token flagged is on a bound its unclipped value passed, each other one unclipped
+    model, tok = base
+    prompt = tok(tiny.prompt("7+8-9"), add_special_tokens=False)["input_ids"]
+    batch = _batch(tok, ["7+8=15\n15-9=6\n\\boxed{6}", "7+8=15\n15-9=7\n\\boxed{7}"], prompt, [True, False])
+    args = training.parse_args(["--method", "grail", "--group-size", "2", "--grail-std", "10"])
+    adv = methods.RULES["grail"].advantages(batch, torch.tensor([[1.0, 0.0]]), batch["response_mask"],
+                                            methods.Context(args, model, tok, [{"answer": "6"}]))
+    w, raw = adv.values[1], adv.terms["R5 1 + 10 z (before the clip)"][1]  # [T] the wrong rollout
+    clipped = next(v for k, v in adv.terms.items() if k.startswith("saturated: R5 clips 1 + 10 z to [0.5, 5]"))[1]
+    low, high = clipped.bool() & (raw < 0.5), clipped.bool() & (raw > 5)
+    assert low.any() and high.any() and (w[low] == 0.5).all() and (w[high] == 5).all()
+    assert torch.equal(clipped.bool(), low | high)
+    free = ~raw.isnan() & ~clipped.bool()
+    assert free.any() and torch.allclose(w[free], raw[free])

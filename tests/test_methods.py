@@ -79,6 +79,77 @@ def test_rule_ktae_adds_key_token_values_to_g1():
     assert torch.equal(got.tokens, ktae.token_advantages(got.seq, direct, mask))
 
 
+class _TokEos:
+    pad_token_id, eos_token_id = 0, 99
+
+
+def ktae_worked_example():
+    """EQUATIONS.md's KTAE worked example, r = [1, 1, 0, 0], each response ending in EOS (99): (batch, rewards, mask,
+    ctx) for the rule."""
+    resp = torch.tensor([[5, 6, 7, 99], [5, 6, 8, 99], [5, 9, 8, 99], [5, 9, 9, 99]])
+    batch = {"input_ids": torch.cat([torch.ones(4, 2, dtype=torch.long), resp], 1), "prompt_len": 2}
+    ctx = _ctx(["--method", "ktae", "--group-size", "4"], tok=_TokEos())
+    return batch, torch.tensor([[1.0, 1.0, 0.0, 0.0]]), torch.ones(4, 4), ctx
+
+
+def test_rule_ktae_terms_are_the_worked_examples_k1_to_k7_and_say_why_a_value_saturates():
+    # By hand (EQUATIONS.md#ktae-worked-example; n_T = n_F = 2):
+    #   id 5: in every rollout            a=2 b=2  p=1  F=0  IG=0        S=0 -> KTV 0
+    #   id 6: in both right ones only     a=2 b=0  p=1/3 (P(k) = 1/6, 4/6, 1/6)  F=exp(-2/3)=0.5134  IG=1
+    #         S=(F+IG)/2=0.7567, TF_F=0 so D = h + TF_T/1e-5, huge           -> KTV +1, saturated
+    #   id 7: in rollout 1 only           a=1 b=0  p=1  F=0  IG=0.3113  S=0.1556, D huge again -> +1, saturated
+    #   id 8: in rollouts 2 and 3         a=1 b=1  p=1  IG=0  S=0        -> 0
+    #   id 9: in both wrong ones, once in o_3 and twice in o_4: a=0 b=2, count in wrong 3, the mirror of 6 -> -1
+    #   EOS (99): in every rollout, never a key token -> 0
+    batch, rewards, mask, ctx = ktae_worked_example()
+    got = methods.RULES["ktae"].advantages(batch, rewards, mask, ctx)
+    t = got.terms
+    assert t["K1 n_T (right rollouts)"].eq(2).all() and t["K1 n_F (wrong rollouts)"].eq(2).all()
+    assert t["K2 a (right rollouts with it)"][:, :3].tolist() == [[2, 2, 1], [2, 2, 1], [2, 0, 1], [2, 0, 0]]
+    assert t["K2 b (wrong rollouts with it)"][:, :3].tolist() == [[2, 0, 0], [2, 0, 1], [2, 2, 1], [2, 2, 2]]
+    assert t["K2 a (right rollouts with it)"][0, 3] == 2 and t["K2 b (wrong rollouts with it)"][0, 3] == 2  # EOS
+    assert t["K5 count in wrong"][3, 1] == 3 and t["K5 count in right"][3, 1] == 0  # id 9: 1 + 2 occurrences
+    assert torch.allclose(t["K3 Fisher p"][0, 1], torch.tensor(1 / 3)) and t["K3 Fisher p"][0, 2] == 1
+    assert torch.allclose(t["K3 strength F"][0, 1], torch.tensor(0.513417), atol=1e-6) and t["K3 strength F"][0, 2] == 0
+    assert t["K4 information gain IG"][0, 1] == 1 and torch.allclose(t["K4 information gain IG"][0, 2],
+                                                                    torch.tensor(0.311278), atol=1e-6)
+    assert torch.allclose(t["K6 strength S"][0, 1], torch.tensor(0.756709), atol=1e-6)
+    assert t["K5 direction D"][0, 1] > 1e4 and t["K5 direction D"][3, 1] < -1e4  # the 1e-5 in K5
+    assert torch.equal(t["K6 value"], got.values) and torch.equal(t["K7 A_i + value"], got.tokens)
+    assert got.values[:, :3].tolist() == [[0, 1, 1], [0, 1, 0], [0, -1, 0], [0, -1, -1]]
+    assert (got.values[:, 3] == 0).all()
+    flag = lambda start: next(v for k, v in t.items() if k.startswith(start))  # noqa: E731
+    one_class = flag("saturated: the id occurs in one class only")
+    assert one_class[:, :3].tolist() == [[0, 1, 1], [0, 1, 0], [0, 1, 0], [0, 1, 1]] and (one_class[:, 3] == 0).all()
+    assert (t["K6 S*D"][one_class.bool()].abs() >= 7.6).all()  # what the reason says
+    assert flag("note: S = 0")[:, :3].tolist() == [[1, 0, 0], [1, 0, 1], [1, 0, 1], [1, 0, 0]]
+    assert flag("note: pad or EOS")[:, 3].eq(1).all() and flag("note: pad or EOS")[:, :3].eq(0).all()
+    part = got.rows(slice(2, 4))  # what TRL's path takes of a rule's advantages (scaling/trl_grpo.py)
+    assert torch.equal(part.terms["K5 count in wrong"], t["K5 count in wrong"][2:4]) and part.values.shape == (2, 4)
+
+
+def test_rules_entropy_and_surprisal_terms_by_hand():
+    # E1: one rollout of entropies [0.1, 0.2, 0.3, 0.4, 0.5], share 0.2: tau = 0.42, only the last kept (entropy.py)
+    # U1: a wrong rollout (A_i < 0) of log-probs [-0.1, -2.0, -0.9]: s = [0.1, 2.0, 0.9], mean 1, w = s (surprisal.py);
+    # its partner, right, keeps A_i on every token and says so
+    rewards = torch.tensor([[1.0, 0.0]])
+    ent = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5], [0.0] * 5])
+    e = methods.RULES["entropy"].advantages({"entropy": ent}, rewards, torch.tensor([[1.0] * 5, [0.0] * 5]),
+                                            _ctx(["--method", "entropy", "--group-size", "2"]))
+    assert torch.allclose(e.terms["E1 tau (the batch's 0.8-quantile)"][0], torch.tensor(0.42))
+    assert e.terms["E1 kept (H >= tau)"][0].tolist() == [0, 0, 0, 0, 1]
+    assert torch.equal(e.terms["E1 A_i if kept, else 0"], e.tokens) and torch.equal(e.terms["E1 entropy H (nats)"],
+                                                                                   e.values)
+    lp = torch.tensor([[-0.5, -0.5, -0.5], [-0.1, -2.0, -0.9]])
+    u = methods.RULES["surprisal"].advantages({"logprobs": lp}, rewards, torch.ones(2, 3),
+                                              _ctx(["--method", "surprisal", "--group-size", "2"]))
+    assert torch.allclose(u.terms["U1 surprisal s = -log p"][1], torch.tensor([0.1, 2.0, 0.9]))
+    assert torch.allclose(u.terms["U1 rollout's mean s"][1], torch.tensor([1.0] * 3))
+    assert torch.allclose(u.terms["U1 weight s / mean"][1], torch.tensor([0.1, 2.0, 0.9]))
+    unused = next(v for k, v in u.terms.items() if k.startswith("note: A_i >= 0"))
+    assert unused.tolist() == [[1, 1, 1], [0, 0, 0]]
+
+
 @pytest.mark.parametrize("rule", ["oar-p", "oar-g"])
 def test_rule_oar_reweights_the_reasoning_and_keeps_its_total(base, rule):
     # O5 keeps the sum of the weights over the R reasoning tokens equal to R, and O6 scales A_i by them; the
@@ -101,6 +172,18 @@ def test_rule_oar_reweights_the_reasoning_and_keeps_its_total(base, rule):
         w = got.values[i]
         assert torch.allclose(w[:R].sum(), torch.tensor(float(R)), rtol=1e-4)
         assert torch.all(w[R:] == 1)
+        # the terms behind it: O4's Ihat on the R reasoning tokens only, min-max so its top is 1; O5's floor is the
+        # row's lowest weight; the rest are flagged unscored
+        t = {k.split(" (")[0] if k.startswith("O5 tau") else k: v[i] for k, v in got.terms.items()}
+        ihat, scored = t["O4 normalised Ihat"], ~t["O4 normalised Ihat"].isnan()
+        assert scored[:R].all() and not scored[R:].any() and ihat[:R].max() == 1
+        assert torch.equal(t["O5 Bi-Level weight"], w * mask[i])
+        assert (~t[("O2 perturbation" if rule == "oar-p" else "O3 gradient") + " score I"][:R].isnan()).all()
+        floored = next(v for k, v in t.items() if k.startswith("saturated: O5 floors")).bool()
+        assert floored.any() and torch.allclose(w[floored], w[:R].min().expand(int(floored.sum())))
+        assert (ihat[floored] / t["O5 tau"][floored] < 0.1).all()
+        unscored = next(v for k, v in t.items() if k.startswith("note: not scored"))
+        assert torch.equal(unscored, (~scored).float() * mask[i])
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

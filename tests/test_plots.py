@@ -1,5 +1,6 @@
 """plots.py: the heat-map page a student reads (rewards, advantages, legend, readable colours, the question's
 newlines) and the curves (smoothed, titled, one PNG)."""
+import html
 import re
 from types import SimpleNamespace
 
@@ -15,7 +16,8 @@ RED_HALF = "background:rgba(220,0,0,0.225);border-bottom:3px solid rgba(220,0,0,
 def spans(page):
     """(title, style or None, text) of every token span inside the rollouts (the legend's swatches left out)."""
     body = page[page.index('<div class="r">'):]
-    return re.findall(r'<span title="([^"]*)"(?: style="([^"]*)")?>(.*?)</span>', body, re.S)
+    return re.findall(r'<span data-v="([^"]*)"(?: style="([^"]*)")?(?: class="sat")? data-tip="[^"]*">(.*?)</span>',
+                      body, re.S)
 
 
 def test_ktae_page_shows_rewards_advantages_legend_and_pastel_colours(tmp_path):
@@ -66,3 +68,44 @@ def test_curves_draw_a_titled_png(tmp_path):
     path = tmp_path / "reward.png"
     plots.curves(str(path), "reward_mean", runs, "sampled reward", title="sampled reward, 3 methods x 40 steps")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
+
+
+def test_ktae_page_shows_each_tokens_terms_on_hover_marks_saturation_and_tables_every_id(tmp_path):
+    # The worked example of tests/test_methods.py through the rule, logbook.write_heatmap and the page. By hand:
+    # id 9 is in both wrong rollouts (a = 0, b = 2), once in o_3 and twice in o_4 (count in wrong 3), p = 1/3,
+    # F = exp(-2/3) = 0.5134, IG = 1; in one class only, so saturated at -1: ids 6 (2 positions), 7 (1) and 9 (3)
+    # are the page's 6 saturated tokens
+    from test_methods import ktae_worked_example
+    from infra import logbook
+    batch, rewards, mask, ctx = ktae_worked_example()
+    adv = methods.RULES["ktae"].advantages(batch, rewards, mask, ctx)
+    tok = SimpleNamespace(decode=lambda ids: {99: "<eos>"}.get(ids[0], str(ids[0])))
+    path = tmp_path / "heatmaps" / "step1.html"
+    logbook.write_heatmap(str(path), "ktae", 1, methods.RULES["ktae"].heatmap(adv, batch, mask, ctx.args), tok,
+                          [{"prompt": "Q:?\nA:"}], batch, mask, rewards, adv)
+    page = path.read_text()
+    body = page[page.index('<div class="r">'):page.index('<h3 id="ids">')]
+    tips = re.findall(r'<span data-v="[^"]*"(?: style="[^"]*")?( class="sat")? data-tip="([^"]*)">', body)
+    assert len(tips) == 16  # 4 rollouts x 4 tokens
+    sat, tip = tips[13]  # rollout 4, token 1: id 9
+    lines = html.unescape(tip).split("\n")
+    assert lines[0] == '"9" (id 9): value -1.000' and sat == ' class="sat"'
+    got = {ln[:30].strip(): ln[30:].strip() for ln in lines[1:] if not ln.startswith(("saturated", "note"))}
+    assert (got["K2 a (right rollouts with it)"], got["K2 b (wrong rollouts with it)"]) == ("0", "2")
+    assert (got["K5 count in right"], got["K5 count in wrong"]) == ("0", "3")
+    assert (got["K3 Fisher p"], got["K3 strength F"], got["K4 information gain IG"]) == ("0.3333", "0.5134", "1")
+    assert (got["K6 value"], got["K7 A_i + value"]) == ("-1", "-1.866")  # A_4 = -0.8660, plus -1
+    assert lines[-1].startswith("saturated: the id occurs in one class only")
+    assert [s for s, _ in tips].count(' class="sat"') == 6
+    assert "<b>6 tokens</b> saturated: the id occurs in one class only" in page  # the legend says why, and how many
+    assert "<b>4 tokens</b> note: pad or EOS" in page
+    # the per-id table (flags numbered as the legend lists the ones on: (1) one class, (2) S = 0, (3) EOS): a row
+    # per id (5 to 9, EOS), highest value first; id 9: 3 positions, a 0, b 2, p, F,
+    # IG, counts 0 and 3, and K1's n_T and n_F, the same for every id, in its caption
+    table = page[page.index('<h3 id="ids">'):]
+    rows = re.findall(r"<tr>(.*?)</tr>", table)[1:]
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", r) for r in rows]
+    assert [c[1] for c in cells] == ["6", "7", "5", "99", "8", "9"]  # ties as first seen
+    assert cells[-1][:10] == ["&quot;9&quot;", "9", "3", "0", "2", "0.3333", "0.5134", "1", "0", "3"]
+    assert cells[-1][-2:] == ["-1", "(1)"] and cells[3][-2:] == ["0", "(3)"] and cells[4][-2:] == ["0", "(2)"]
+    assert "K1 n_T (right rollouts) = 2; K1 n_F (wrong rollouts) = 2" in table
