@@ -636,3 +636,19 @@ def rules_file_of(argv: list):
             return word.split("=", 1)[1]
     return None
 
+
+def with_equation(rule: str, module, name: str, replacement) -> Rule:
+    """The table's `rule` with one function of an equation module (say ktae.direction, K5) replaced while its
+    advantages are computed: a reader's one-line ablation, run beside the original under a name of its own
+    (README.md, "A quick ablation"). Everything else of the rule (knobs, checks, heat map, blame) stays its own."""
+    import dataclasses
+    original_rule = RULES[rule]
+
+    def advantages(batch, rewards, mask, ctx):
+        original = getattr(module, name)
+        setattr(module, name, replacement)
+        try:
+            return original_rule.advantages(batch, rewards, mask, ctx)
+        finally:
+            setattr(module, name, original)
+    return dataclasses.replace(original_rule, advantages=advantages)

@@ -31,12 +31,20 @@ from infra import lora
 
 CHECKPOINT, PREVIOUS, TMP = "checkpoint", "checkpoint.prev", "checkpoint.tmp"
 MANIFEST = "manifest.json"
-# Settings whose change would make a resumed run a different experiment. Others (--steps, --eval-every,
-# --threads, --max-minutes, ...) may change on resume: extending a run is what --resume is for. --lr is here because
-# the optimizer's and scheduler's saved state would keep the old one while run.json recorded the new; LoRA's
-# alpha would rescale the trained adapters; another held-out set would make "before -> after" compare two sets.
-SAME_ON_RESUME = ["method", "model", "dataset", "group_size", "prompts_per_step", "max_new_tokens", "seed", "lr",
-                  "lora_rank", "lora_alpha", "lora_targets", "eval_dataset", "eval_limit"]
+# The settings that may change on --resume: where and how fast the run goes, what it logs and when it evaluates or
+# saves (extending a run is what --resume is for), and the derived base and rule. Every other setting defines the run
+# (its sampling, its grader, its objective, its optimizer, a rule's knobs, the held-out set), and a resume with
+# another value is refused: the earlier steps were made with the old one, while run.json would record the new.
+# --lr was the first such setting: the optimizer's and scheduler's saved state would keep the old one.
+MAY_CHANGE_ON_RESUME = ("run_dir", "resume", "overwrite", "config", "dry_run", "memory", "steps", "max_minutes",
+                        "threads", "device", "data_dir", "rules_file", "eval_every", "save_every", "final_eval",
+                        "final_save", "report_to", "eval_batch_size", "gen_batch_size", "micro_batch_size",
+                        "grad_checkpointing", "ref_on_cpu", "oar_chunk", "base", "rule")
+
+
+def defines_the_run(key: str) -> bool:
+    """Whether a setting (an args name) must keep its value on --resume (MAY_CHANGE_ON_RESUME lists the others)."""
+    return key not in MAY_CHANGE_ON_RESUME
 
 
 # what --overwrite deletes of the run before it
@@ -88,8 +96,8 @@ def check(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
     if resume:
         as_saved = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731 (run.json holds lists)
         for saved in ([info["args"]] if info else []) + ([saved_args(ckpt)] if ckpt else []):
-            for key in SAME_ON_RESUME:
-                if key in saved and as_saved(saved[key]) != as_saved(getattr(args, key)):
+            for key in filter(defines_the_run, saved):  # a setting run.json lacks (an older run's) is not checked
+                if hasattr(args, key) and as_saved(saved[key]) != as_saved(getattr(args, key)):
                     fail(f"--resume: {run_dir} is a run with --{key.replace('_', '-')} {saved[key]}, not "
                          f"{getattr(args, key)}; resume it with the same setting, or use another --run-dir")
         for name in (CHECKPOINT, PREVIOUS):  # the saves ahead rotate these folders away whole

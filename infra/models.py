@@ -314,9 +314,13 @@ def check_base(name: str, flag: str):
     """Exit in one line where the base a LoRA checkpoint names is not the model its adapters were trained on (its
     weights' SHA-256 against the checkpoint's lora.BASE_FILE): replaced in place, the adapters would be evaluated,
     merged or trained further over another model. Checkpoints saved before 2026-11-28 record the name only."""
-    recorded = _json(os.path.join(os.path.expanduser(name), lora.BASE_FILE))
-    if not isinstance(recorded, dict) or not isinstance(recorded.get("identity"), dict):
+    path = os.path.join(os.path.expanduser(name), lora.BASE_FILE)
+    if not os.path.exists(path):  # a checkpoint from before the record: nothing to hold the base against
         return
+    recorded = _json(path)
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("identity"), dict):  # unreadable is not absent
+        sys.exit(f"{flag} {name}: {lora.BASE_FILE} cannot be read (damaged?), so the base its adapters were trained "
+                 f"on is unknown: restore the file (the run's checkpoint.prev holds one), or train new adapters")
     base = adapter_base(name)
     weights = lambda i: i.get("sha256", i.get("name")) if isinstance(i, dict) else i  # noqa: E731 (not its path)
     if weights(identity(base)) != weights(recorded["identity"]):

@@ -348,7 +348,13 @@ def test_metrics_survive_a_partial_last_line_and_a_missing_file(base, tmp_path, 
 
 @pytest.mark.parametrize("flags, saved", [(["--lr", "1e-3"], "--lr 5e-05"), (["--eval-limit", "8"], "--eval-limit 16"),
                                           (["--eval-dataset", "chain"], "--eval-dataset tiny"),
-                                          (["--steps", "1"], "step 2, past --steps 1")])
+                                          (["--steps", "1"], "step 2, past --steps 1"),
+                                          # every setting that defines the run, not a list of a few: the sampling
+                                          # temperature, the KL weight, the grader, a rule's knob
+                                          (["--temperature", "0.7"], "--temperature 1.0, not 0.7"),
+                                          (["--beta", "0.01"], "--beta 0.0, not 0.01"),
+                                          (["--grader", "length-parity"], "--grader math, not length-parity"),
+                                          (["--no-std-scale"], "--no-std-scale False, not True")])
 def test_resume_refuses_what_it_would_not_honour(base, tmp_path, flags, saved):
     # --lr: the optimizer's saved state kept the old rate while run.json said the new; another held-out set made
     # "before -> after" compare two sets; fewer --steps than done ended "finished" without a word
@@ -358,6 +364,16 @@ def test_resume_refuses_what_it_would_not_honour(base, tmp_path, flags, saved):
     message = refused(["--steps", "3", "--resume", "--run-dir", run_dir, *SMALL, *flags])
     assert message.startswith("--resume: ") and saved in message and "\n" not in message
     assert open(os.path.join(run_dir, "run.json")).read() == before
+
+
+def test_resume_takes_what_changes_only_speed_logging_or_length(base, tmp_path):
+    run_dir = str(tmp_path / "run")
+    train.main(["--steps", "1", "--save-every", "1", "--run-dir", run_dir, *SMALL])
+    train.main(["--steps", "2", "--resume", "--run-dir", run_dir, "--threads", "1", "--micro-batch-size", "8",
+                "--eval-every", "5", *SMALL[:-2]])
+    assert json.load(open(os.path.join(run_dir, "run.json")))["args"]["steps"] == 2
+    assert {"steps", "threads", "micro_batch_size", "eval_every"} <= set(checkpoint.MAY_CHANGE_ON_RESUME)
+    assert checkpoint.defines_the_run("temperature") and not checkpoint.defines_the_run("threads")
 
 
 # ---- one run per directory ------------------------------------------------------------------------------------------

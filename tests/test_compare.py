@@ -161,7 +161,7 @@ def test_a_kill_while_done_json_is_written_leaves_none(tmp_path, monkeypatch):
         f.write(json.dumps(obj)[:5])
         raise KeyboardInterrupt
     monkeypatch.setattr(json, "dump", killed)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit, match="interrupted: "):  # Ctrl-C: one line, not a traceback
         compare.main(["--methods", "grpo", "--seeds", "0", "--steps", "2", "--out", str(tmp_path / "cmp")])
     assert (tmp_path / "argv").exists()  # the run ran: the kill came at its done.json
     assert not (tmp_path / "cmp" / "grpo-seed0" / "done.json").exists()
@@ -371,3 +371,55 @@ def test_a_rules_file_reaches_every_run_and_its_content_is_recorded(tmp_path, mo
     finally:
         methods.RULES.pop("no-eos", None)
         methods._LOADED.pop(str(rules), None)
+
+
+def test_a_comparison_without_step_0_or_any_evaluation_says_so(tmp_path, monkeypatch):
+    commands = recorded_runs(tmp_path, monkeypatch)
+    real = compare.subprocess.run
+
+    def no_step0(cmd, **kwargs):  # --no-final-eval: the runs' first evaluation is not step 0's
+        done = real(cmd, **kwargs)
+        if compare.TRAIN in cmd:
+            path = os.path.join(cmd[cmd.index("--run-dir") + 1], "metrics.jsonl")
+            recs = [json.loads(x) for x in open(path)][1:]
+            if "--eval-every" in cmd and cmd[cmd.index("--eval-every") + 1] == "5":  # evaluated nowhere
+                recs = [r for r in recs if "eval_accuracy" not in r]
+            open(path, "w").write("".join(json.dumps(r) + "\n" for r in recs))
+        return done
+    monkeypatch.setattr(compare.subprocess, "run", no_step0)
+    out = tmp_path / "a"
+    compare.main(["--methods", "grpo,ktae", "--seeds", "0", "--steps", "1", "--out", str(out), "--", "--no-final-eval"])
+    row = [x for x in open(out / "results.md") if x.startswith("| grpo |")][0].split("|")
+    assert row[3].strip() == "n/a" and row[4].strip() == "0.500 +- 0.000"  # "before" is no step-1 accuracy
+    out = tmp_path / "b"
+    compare.main(["--methods", "grpo,ktae", "--seeds", "0", "--steps", "1", "--eval-every", "5", "--out", str(out)])
+    assert "| grpo | 1 | n/a | n/a (a run has no evaluation) |" in open(out / "results.md").read()
+    assert len(commands) == 4
+
+
+def test_a_file_where_a_run_goes_and_ctrl_c_are_one_line(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "ktae-seed1").write_text("notes")
+    monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a run was started"))
+    with pytest.raises(SystemExit):
+        compare.main(["--methods", "grpo,ktae", "--seeds", "0,1", "--out", str(out)])
+    assert "ktae-seed1: a file where the run of ktae seed 1 goes" in capsys.readouterr().err
+    monkeypatch.setattr(compare, "run_all", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(SystemExit) as e:
+        compare.main(["--methods", "grpo", "--seeds", "0", "--out", str(tmp_path / "other")])
+    assert str(e.value.code).startswith("interrupted: ") and "the same command picks up" in str(e.value.code)
+
+
+def test_a_file_named_after_the_separator_is_recorded_by_its_content(tmp_path, monkeypatch):
+    recorded_runs(tmp_path, monkeypatch)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("lr: 1.0e-4\n")
+    flags = ["--methods", "grpo", "--seeds", "0", "--steps", "1", "--out", str(tmp_path / "cmp"), "--", "--config",
+             str(recipe)]
+    compare.main(flags)
+    assert json.load(open(tmp_path / "cmp" / "settings.json"))["files named after --"][str(recipe)]["sha256"]
+    compare.main(flags)  # unchanged: reused
+    recipe.write_text("lr: 3.0e-4\n")  # edited between two commands: other runs, refused under the old record
+    with pytest.raises(SystemExit, match="files named after --"):
+        compare.main(flags)

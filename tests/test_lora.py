@@ -237,6 +237,13 @@ def test_adapters_refuse_a_base_replaced_in_place(base, tmp_path):
         said = str(e.value.code)
         assert f"its base {tmp_path / 'base'} is not the model its adapters were trained on" in said, said
     assert not (tmp_path / "merged").exists()
+    # a record that cannot be read is not taken as no record (which would let the replaced base through)
+    # (the checkpoint's manifest finds a cut file first; the record is checked alone here, as for a checkpoint whose
+    # manifest does not list it)
+    (run_dir / "checkpoint" / "adapter_base.json").write_text("{trunc")
+    with pytest.raises(SystemExit) as e:
+        models.check_base(ckpt, "--model")
+    assert "adapter_base.json cannot be read (damaged?)" in str(e.value.code)
 
 
 def test_merge_and_evaluate_on_a_full_disk_or_a_damaged_adapter_are_one_line_and_leave_nothing_cut(base, tmp_path,

@@ -319,3 +319,45 @@ def test_dual_clip_reaches_the_loss_and_is_logged(base, tmp_path):
     plain = tmp_path / "plain"
     train.main(["--steps", "1", "--run-dir", str(plain), *SMALL])
     assert "clip_dual" not in [json.loads(line) for line in open(plain / "metrics.jsonl") if '"accuracy"' in line][0]
+
+
+def test_the_readme_quick_ablation_runs_as_written(base, tmp_path, monkeypatch):
+    # the README's one-line ablation of K5 and its compare command, as they stand there
+    text = open(os.path.join(ROOT, "README.md")).read()
+    section = text.split("## A quick ablation", 1)[1].split("\n## ", 1)[0]
+    blocks, block = [], []
+    for line in section.splitlines() + ["end"]:
+        if line.startswith("    ") or (block and not line.strip()):
+            block.append(line[4:])
+        elif block:
+            blocks, block = blocks + ["\n".join(block).strip() + "\n"], []
+    variant_command, source, command = blocks[:3]
+    assert variant_command.startswith('python -m tools.compare --methods "ktae,ktae[ktae-alpha=0]"')
+    (tmp_path / "ablation.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    try:
+        assert methods.load_rules("ablation.py") == ["ktae-sign"]
+        # one group, r = [1, 0, 0]: ids 5 in every rollout, 6 in the right one only, 7 and 8 in one wrong one each
+        ids = torch.tensor([[5, 6], [5, 7], [5, 8]])
+        batch, mask, rewards = {"input_ids": ids, "prompt_len": 0}, torch.ones(3, 2), torch.tensor([[1.0, 0, 0]])
+        args = training.parse_args_one_line(["--method", "ktae"])
+        ctx = methods.Context(args, None, SimpleNamespace(pad_token_id=0, eos_token_id=1), [])
+        plain = methods.RULES["ktae"].advantages(batch, rewards, mask, ctx).values
+        sign = methods.RULES["ktae-sign"].advantages(batch, rewards, mask, ctx).values
+        _, t = ktae.token_values(ids, mask, rewards)
+        # K6 of the variant: tanh-shaped in S * sign(D), S = alpha F + beta IG (ktae.key_token_values)
+        want = ktae.key_token_values(t["F"], t["IG"], torch.sign(t["D"]))[t["inv"]]  # [U] -> per position
+        assert torch.allclose(sign[mask.bool()], want.float()) and not torch.allclose(sign, plain)
+        assert ktae.direction is not None and methods.RULES["ktae"].advantages(batch, rewards, mask, ctx).values \
+            .equal(plain)  # the original's equation back in place
+        words = command.replace("\\\n", " ").split()  # a line continued with a backslash
+        assert words[:5] == ["python", "-m", "tools.compare", "--rules-file", "ablation.py"]
+        assert "ktae,ktae-sign" in command
+        from tools import compare
+        compare.main([w.strip('"') for w in words[3:]] + ["--seeds", "0", "--steps", "2", "--eval-every", "2",
+                                                          "--jobs", "1", "--out", str(tmp_path / "out"), "--",
+                                                          *SMALL[:-2]])
+        assert "| ktae-sign | 1 |" in (tmp_path / "out" / "paired.md").read_text()
+    finally:
+        methods.RULES.pop("ktae-sign", None)
+        methods._LOADED.pop(str(tmp_path / "ablation.py"), None)

@@ -2,6 +2,8 @@
 verdict by the margin stated before issue 62's runs, on numbers checked by hand."""
 import json
 import math
+import os
+import shutil
 
 import pytest
 
@@ -170,3 +172,61 @@ def test_two_machines_folders_pair_within_each(tmp_path, capsys):
     with pytest.raises(SystemExit):
         paired.main([str(a), str(b)])
     assert "settings.json differs" in capsys.readouterr().err
+
+
+def test_a_comparison_joins_each_run_once_and_only_its_own(tmp_path, capsys):
+    for seed in (0, 1):
+        run(tmp_path, "grpo", seed, [0.2, 0.4, 0.5], 1.0)
+        run(tmp_path, "ktae", seed, [0.2, 0.4, 0.55 + 0.1 * seed], 1.0)
+    # one folder named twice, through a link: refused, not two more seeds
+    (tmp_path.parent / "link").symlink_to(tmp_path)
+    with pytest.raises(ValueError, match="named twice"):
+        paired.finished(str(tmp_path), str(tmp_path.parent / "link"))
+    # a backup copy of a run inside the folder: two finished ktae runs of seed 1
+    import shutil
+    shutil.copytree(tmp_path / "ktae-seed1", tmp_path / "ktae-seed1.bak")
+    with pytest.raises(ValueError, match="both a finished ktae run of seed 1"):
+        paired.finished(str(tmp_path))
+    shutil.rmtree(tmp_path / "ktae-seed1.bak")
+    # the same run in two folders (a copied folder named as another machine's)
+    shutil.copytree(tmp_path, tmp_path.parent / "copy")
+    with pytest.raises(ValueError, match="the same run twice"):
+        paired.finished(str(tmp_path), str(tmp_path.parent / "copy"))
+    # a run made under other train.py flags than the folder's settings.json is left out, and said
+    (tmp_path / "settings.json").write_text(json.dumps({"--steps": 2, "the train.py flags after --": ["--lr", "1e-4"]}))
+    for seed in (0, 1):
+        for m in ("grpo", "ktae"):
+            done = json.loads((tmp_path / f"{m}-seed{seed}" / "done.json").read_text())
+            lr = "3e-4" if (m, seed) == ("ktae", 1) else "1e-4"  # an older run left by --overwrite of seed 0 only
+            done["flags"] = ["--method", m, "--seed", str(seed), "--steps", "2", "--dataset", "tiny", "--lr", lr]
+            (tmp_path / f"{m}-seed{seed}" / "done.json").write_text(json.dumps(done))
+    runs = paired.finished(str(tmp_path))
+    assert sorted(runs["ktae"]) == [0] and sorted(runs["grpo"]) == [0, 1]
+    assert "ktae-seed1: left out, made with the train.py flags --lr 3e-4, not the folder's --lr 1e-4" in \
+        capsys.readouterr().out
+    # tools.compare names the runs it made: those only
+    assert sorted(paired.finished(str(tmp_path), only={("grpo", 1), ("ktae", 1)})) == ["grpo", "ktae"]
+
+
+def test_runs_paired_cannot_read_are_one_line(tmp_path, capsys):
+    for seed in (0, 1):
+        run(tmp_path, "grpo", seed, [0.2, 0.4, 0.5], 1.0)
+        run(tmp_path, "ktae", seed, [0.2, 0.4, 0.6], 1.0)
+    # a null accuracy: the run is left out and said, the rest paired
+    path = tmp_path / "ktae-seed1" / "metrics.jsonl"
+    path.write_text(path.read_text().replace('"eval_accuracy": 0.6', '"eval_accuracy": null'))
+    assert sorted(paired.finished(str(tmp_path))["ktae"]) == [0]
+    assert "ktae-seed1: left out, its eval_accuracy at step 2 is not a number" in capsys.readouterr().out
+    # a finished run without metrics: one line
+    os.remove(path)
+    with pytest.raises(SystemExit):
+        paired.main([str(tmp_path)])
+    assert "ktae-seed1: finished (done.json) but without its metrics.jsonl" in capsys.readouterr().err
+    # an output folder that refuses the write: the table is printed, then one line
+    run(tmp_path, "ktae", 2, [0.2, 0.4, 0.6], 1.0)
+    shutil.rmtree(tmp_path / "ktae-seed1")
+    (tmp_path / "paired.md").mkdir()  # a folder where the table goes
+    with pytest.raises(SystemExit):
+        paired.main([str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert "| ktae | 1 |" in out and "cannot be written" in err.splitlines()[-1] and "Traceback" not in err

@@ -163,6 +163,10 @@ def settings(args) -> dict:
     A rules file is recorded by its content: one edited between two commands makes other runs."""
     return {"--dataset": models.identity(args.dataset), "--steps": args.steps, "--eval-every": args.eval_every,
             "the train.py flags after --": spelled_out(args.train_args),
+            # a recipe, model folder or data file named there, by its content: edited between two commands, it makes
+            # other runs, which the recorded path alone would not show
+            **({"files named after --": files} if (files := {w: models.identity(w) for w in spelled_out(
+                args.train_args) if not w.startswith("--") and os.path.exists(w)}) else {}),
             **({"--rules-file": models.identity(args.rules_file)} if args.rules_file else {})}
 
 
@@ -400,6 +404,10 @@ def table(results: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for method, runs in results.items():
         evals = [[r for r in recs if "eval_accuracy" in r] for recs in runs]
+        if not all(evals):  # a run evaluated nowhere (--no-final-eval, --eval-every past --steps): no accuracy
+            lines.append(f"| {method} | {len(runs)} | n/a | n/a (a run has no evaluation) | n/a | n/a | n/a | "
+                         f"{' | '.join(credit_columns(runs))} |")
+            continue
         after = [e[-1]["eval_accuracy"] for e in evals]
         steps = [[r for r in recs if "ess_ratio" in r][-20:] for recs in runs]
         timed = [recs for recs in runs if any("time_step" in r for r in recs)]  # an untimed run has no minutes
@@ -474,6 +482,13 @@ def main(argv=None):
         if flag.split("=")[0] in OWN_FLAGS:
             p.error(f"{flag.split('=')[0]} after --: compare.py sets it for every run (use compare.py's own flag)")
     args.out = os.path.abspath(args.out)  # the user's cwd, not train.py's
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        p.error(f"--out {args.out}: a file, not a folder")
+    for m in chosen:  # found now, not when the run is reached after hours of others
+        for s in seeds:
+            where = os.path.join(args.out, f"{run_name(m)}-seed{s}")
+            if os.path.exists(where) and not os.path.isdir(where):
+                p.error(f"{where}: a file where the run of {m} seed {s} goes; move it away")
     check_train_flags(p, chosen, seeds, args)
     check_machine(p, chosen, seeds, args)
     # OUT's runs all made with these settings, by one comparison at a time: the lock is held to the end
@@ -481,7 +496,11 @@ def main(argv=None):
         isinstance(checkpoint.read_json(os.path.join(args.out, f"{run_name(m)}-seed{s}", "done.json")), dict)
         for m in chosen for s in seeds)
     lock = outfolder.claim(args.out, settings(args), args.overwrite, finished)
-    results = run_all(chosen, seeds, args)
+    try:
+        results = run_all(chosen, seeds, args)
+    except KeyboardInterrupt:  # Ctrl-C: the runs under way keep their last checkpoint, finished ones their done.json
+        sys.exit(f"interrupted: {args.out} keeps every finished run and each stopped run's last checkpoint; the same "
+                 f"command picks up from there")
     drawn = []
     for name, (key, label) in PLOTS.items():
         if not any(r.get(key) is not None for recs in results.values() for run in recs for r in run):
@@ -506,8 +525,12 @@ def main(argv=None):
                 f"{' '.join(args.train_args)}`\n\n" + md + "\nThe verdict, against the first method: paired.md "
                 f"(tools/paired.py).\n\nThe pictures, the answer first:\n" + pictures)
     print(md)
-    if len(chosen) > 1:  # every method against the first one, paired by seed (tools/paired.py)
-        print(paired.write(args.out, baseline=chosen[0]))
+    if len(chosen) > 1:  # every method against the first one, paired by seed, only the runs of this command
+        try:
+            print(paired.write(args.out, baseline=chosen[0], only={(m, s) for m in chosen for s in seeds}))
+        except (ValueError, OSError) as e:
+            print(getattr(e, "table", ""))
+            sys.exit(f"tools.paired: {e}")
     lock.close()
     return results
 

@@ -30,6 +30,7 @@ reached within the baseline's time for all its steps (a method faster than the b
 runs stop at --steps). With evaluations every 10 steps the reading is coarse, and the times are those of the machine
 the runs shared.
 """
+import hashlib
 import json
 import math
 import os
@@ -69,17 +70,78 @@ def steps_to(recs: list, threshold: float):
     return next((s for s, a in sorted(evals(recs).items()) if a >= threshold), None)
 
 
-def finished(*outs: str) -> dict:
+def finished(*outs: str, only=None) -> dict:
     """{method: {seed: records}} of the runs in a tools.compare folder that finished (done.json); of several
-    folders (a machine each), {method: {(folder's place, seed): records}}, so that a pair never spans two."""
-    runs = {}
+    folders (a machine each), {method: {(folder's place, seed): records}}, so that a pair never spans two.
+
+    Only runs of the comparison are joined, each once: `only` ({(method, seed)}, tools.compare's runs of this
+    command) or else the runs whose done.json agrees with their folder's settings.json (a run left from an earlier
+    command with other flags is left out, and said). Refused in one line (ValueError): a folder named twice (directly
+    or through a link), two finished runs of one method and seed in a folder (a backup copy beside the run), the same
+    run in two places (a copied folder), a finished run without its metrics. A run with no evaluation, or an
+    accuracy that is not a number, is left out and said."""
+    real = [os.path.realpath(o) for o in outs]
+    for o, r in zip(outs, real):
+        if real.count(r) > 1:
+            raise ValueError(f"{o}: named twice (directly or through a link): its runs would count as more seeds")
+    runs, where, seen = {}, {}, {}
     for i, out in enumerate(outs):
+        settings = checkpoint.read_json(os.path.join(out, "settings.json"))
         for name in sorted(os.listdir(out)):
-            done = checkpoint.read_json(os.path.join(out, name, "done.json"))
-            if isinstance(done, dict) and "method" in done and "seed" in done:
-                recs = checkpoint.read_metrics(os.path.join(out, name, "metrics.jsonl"))
-                runs.setdefault(done["method"], {})[(i, done["seed"]) if len(outs) > 1 else done["seed"]] = recs
+            run_dir = os.path.join(out, name)
+            done = checkpoint.read_json(os.path.join(run_dir, "done.json"))
+            if not (isinstance(done, dict) and "method" in done and "seed" in done):
+                continue
+            method, seed = done["method"], done["seed"]
+            if only is not None and (method, seed) not in only:
+                continue
+            why = disagrees(done, settings) if only is None else None
+            if why:
+                print(f"{run_dir}: left out, {why}")
+                continue
+            key = (i, seed) if len(outs) > 1 else seed
+            if key in where.setdefault(method, {}):
+                raise ValueError(f"{where[method][key]} and {run_dir}: both a finished {method} run of seed {seed}; "
+                                 f"move one out of {out} (a backup?), or the pairing would take either")
+            path = os.path.join(run_dir, "metrics.jsonl")
+            if not os.path.isfile(path):
+                raise ValueError(f"{run_dir}: finished (done.json) but without its metrics.jsonl")
+            with open(path, "rb") as f:  # a run's own record: two folders holding it are a copy, not two machines
+                digest = (method, seed, hashlib.sha256(f.read()).hexdigest())
+            if digest in seen:
+                raise ValueError(f"{seen[digest]} and {run_dir}: the same run twice (a copied folder?): it would "
+                                 f"count as two seeds")
+            recs = checkpoint.read_metrics(path)
+            bad = [r["step"] for r in recs if "eval_accuracy" in r and not (
+                isinstance(r["eval_accuracy"], (int, float)) and math.isfinite(r["eval_accuracy"]))]
+            if bad or not evals(recs):
+                print(f"{run_dir}: left out, " + (f"its eval_accuracy at step {bad[0]} is not a number" if bad else
+                                                  "it has no evaluation (--no-final-eval with no --eval-every step?)"))
+                continue
+            seen[digest], where[method][key] = run_dir, run_dir
+            runs.setdefault(method, {})[key] = recs
     return runs
+
+
+def disagrees(done: dict, settings) -> str:
+    """Why a finished run was not made under its folder's settings.json (tools.compare's settings), or None: its
+    --steps, --eval-every, --dataset and the train.py flags after -- must be those recorded for the folder."""
+    if not isinstance(settings, dict):
+        return None
+    flags = [w for w in done.get("flags") or []]
+    value = lambda flag: flags[flags.index(flag) + 1] if flag in flags[:-1] else None  # noqa: E731
+    if "--steps" in settings and str(settings["--steps"]) != str(done.get("steps")):
+        return f"made with --steps {done.get('steps')}, not the folder's {settings['--steps']}"
+    if "--eval-every" in settings and value("--eval-every") not in (None, str(settings["--eval-every"])):
+        return f"made with --eval-every {value('--eval-every')}, not the folder's {settings['--eval-every']}"
+    after = settings.get("the train.py flags after --")
+    if after is not None and "--dataset" in flags[:-1]:
+        at = flags.index("--dataset") + 2
+        if at < len(flags) and flags[at] == "--run-dir":  # compare.py before 2026-11-29 recorded it
+            at += 2
+        if flags[at:at + len(after)] != after:
+            return f"made with the train.py flags {' '.join(flags[at:]) or '(none)'}, not the folder's {' '.join(after)}"
+    return None
 
 
 def run_mean(recs: list, key: str):
@@ -287,22 +349,34 @@ def plot(out: str, runs: dict, rows_: list, baseline: str):
     plt.close(fig)
 
 
-def write(out: str, baseline: str = "grpo", threshold: float = 0.5, more: tuple = ()) -> str:
+def write(out: str, baseline: str = "grpo", threshold: float = 0.5, more: tuple = (), only=None) -> str:
     """paired.md and the two PNGs in out; returns the table ('' when the baseline has no finished run). more: the
-    same comparison's folders from other machines, paired within each."""
-    runs = finished(out, *more)
+    same comparison's folders from other machines, paired within each; only: the (method, seed) runs to join
+    (finished). A refusal of the runs is ValueError; a folder that cannot be written, OSError with the table
+    already made (Unwritable.table)."""
+    runs = finished(out, *more, only=only)
     if baseline not in runs:
         return ""
     rows_ = rows(runs, baseline, threshold)
     if not rows_:
         return ""
     md = table(rows_, baseline, threshold)
-    with open(os.path.join(out, "paired.md"), "w") as f:
-        f.write(md)
-    with open(os.path.join(out, "paired.json"), "w") as f:  # the numbers, for a table elsewhere
-        json.dump(rows_, f, indent=1)
-    plot(out, runs, rows_, baseline)
+    try:
+        with open(os.path.join(out, "paired.md"), "w") as f:
+            f.write(md)
+        with open(os.path.join(out, "paired.json"), "w") as f:  # the numbers, for a table elsewhere
+            json.dump(rows_, f, indent=1)
+        plot(out, runs, rows_, baseline)
+    except OSError as e:
+        raise Unwritable(f"{out}: cannot be written ({e.strerror or e}); the table, made, is above", md) from None
     return md
+
+
+class Unwritable(OSError):
+    """The output folder refused a write; .table holds the table that was made, for the caller to print."""
+    def __init__(self, message: str, table_: str):
+        super().__init__(message)
+        self.table = table_
 
 
 def main(argv=None):
@@ -319,7 +393,13 @@ def main(argv=None):
         if checkpoint.read_json(os.path.join(out, "settings.json")) != checkpoint.read_json(
                 os.path.join(args.out[0], "settings.json")):  # other flags: its runs are another comparison
             p.error(f"{out}: its settings.json differs from {args.out[0]}'s: not the same comparison")
-    md = write(args.out[0], args.baseline, args.threshold, tuple(args.out[1:]))
+    try:
+        md = write(args.out[0], args.baseline, args.threshold, tuple(args.out[1:]))
+    except Unwritable as e:
+        print(e.table)
+        p.error(str(e))
+    except ValueError as e:
+        p.error(str(e))
     if not md:
         p.error(f"{' '.join(args.out)}: no finished run of --baseline {args.baseline} with another method on its "
                 f"seed")
