@@ -38,6 +38,13 @@ def step_record(step: int, batch: dict, rewards, mask, adv, checker: dict, draw,
         "groups_generated": draw.generated,
         "groups_kept": len(draw.problems),
         "groups_carried_in": draw.carried,  # D2 buffer of earlier steps used here
+        # what the step's advantage acts on: the groups of the batch that mix right and wrong (the only ones whose
+        # rollouts get A_i != 0), the share of scored tokens with an advantage at all, and the share a token rule
+        # moved off its rollout's A_i (0 for GRPO and DAPO, whose every token carries A_i)
+        "groups_trained": (rewards.std(dim=1) > 0).sum().item(),
+        "tokens_with_advantage": ((adv.tokens != 0) & (mask > 0)).float().sum().item() / max(mask.sum().item(), 1),
+        "tokens_reshaped": (((adv.tokens - adv.seq[:, None] * mask).abs() > 1e-6 * (adv.seq.abs().max() + 1e-12))
+                            & (mask > 0)).float().sum().item() / max(mask.sum().item(), 1),
         "groups_mixed": draw.mixed,  # groups sampled this step that mix right and wrong (D2 keeps these only)
         "sampling_rounds": draw.rounds,
         "grad_norm": stats["grad_norm"],

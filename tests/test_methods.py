@@ -189,10 +189,11 @@ def test_rule_oar_reweights_the_reasoning_and_keeps_its_total(base, rule):
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def readme_blocks() -> list:
-    """The README's section "Adding a token rule": its indented blocks, the rule file and the command that runs it."""
+def readme_blocks(title: str = "Adding a token rule") -> list:
+    """The indented blocks of a README section: "Adding a token rule" holds the rule file and the command that runs
+    it, "A quick ablation" a variant's command, the ablation's file and its command."""
     text = open(os.path.join(ROOT, "README.md")).read()
-    section = text.split("## Adding a token rule", 1)[1].split("\n## ", 1)[0]
+    section = text.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
     blocks, block = [], []
     for line in section.splitlines() + ["end"]:
         if line.startswith("    ") or (block and not line.strip()):
@@ -323,15 +324,7 @@ def test_dual_clip_reaches_the_loss_and_is_logged(base, tmp_path):
 
 def test_the_readme_quick_ablation_runs_as_written(base, tmp_path, monkeypatch):
     # the README's one-line ablation of K5 and its compare command, as they stand there
-    text = open(os.path.join(ROOT, "README.md")).read()
-    section = text.split("## A quick ablation", 1)[1].split("\n## ", 1)[0]
-    blocks, block = [], []
-    for line in section.splitlines() + ["end"]:
-        if line.startswith("    ") or (block and not line.strip()):
-            block.append(line[4:])
-        elif block:
-            blocks, block = blocks + ["\n".join(block).strip() + "\n"], []
-    variant_command, source, command = blocks[:3]
+    variant_command, source, command = readme_blocks("A quick ablation")[:3]
     assert variant_command.startswith('python -m tools.compare --methods "ktae,ktae[ktae-alpha=0]"')
     (tmp_path / "ablation.py").write_text(source)
     monkeypatch.chdir(tmp_path)

@@ -230,3 +230,27 @@ def test_runs_paired_cannot_read_are_one_line(tmp_path, capsys):
         paired.main([str(tmp_path)])
     out, err = capsys.readouterr()
     assert "| ktae | 1 |" in out and "cannot be written" in err.splitlines()[-1] and "Traceback" not in err
+
+
+def test_the_wall_clock_reading_interpolates_between_evaluations_by_hand(tmp_path):
+    # evaluations at steps 0 (0.2) and 10 (0.5), 1 s a step: at 4 s, 0.2 + (0.5 - 0.2) * 4 / 10 = 0.32; past the last
+    # evaluation, its value; at the grid point, the value there (not a whole evaluation earlier)
+    recs = [{"step": 0, "eval_accuracy": 0.2}] + [{"step": s, "time_step": 1.0} for s in range(1, 11)] + [
+        {"step": 10, "eval_accuracy": 0.5}]
+    assert paired.accuracy_within(recs, 4.0) == pytest.approx(0.32)
+    assert paired.accuracy_within(recs, 10.0) == pytest.approx(0.5) and paired.accuracy_within(recs, 30.0) == 0.5
+    assert paired.first_evaluation_time(recs) == 10.0
+    # a method at 2 s a step read at grpo's 2 s (its step 1 of 2): before its first evaluation after step 0 when that
+    # is at step 2, so the row says it was read early; 0.2 + (0.6 - 0.2) * 2 / 4 = 0.4, minus grpo's 0.5: -0.1
+    for seed in (0, 1):
+        run(tmp_path, "grpo", seed, [0.2, 0.3, 0.5], 1.0)
+        d = tmp_path / f"slow-seed{seed}"
+        d.mkdir()
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [
+            {"step": 0, "eval_accuracy": 0.2}, {"step": 1, "time_step": 2.0}, {"step": 2, "time_step": 2.0},
+            {"step": 2, "eval_accuracy": 0.6, "eval_response_len": 30.0}]))
+        (d / "done.json").write_text(json.dumps({"method": "slow", "seed": seed, "steps": 2}))
+    (row,) = paired.rows(paired.finished(str(tmp_path)), "grpo", 0.5)
+    assert row["d_wall"][0] == pytest.approx(-0.1) and row["early"] == 2
+    assert "first evaluation after step 0, so between the untrained model and that evaluation: slow (2 of 2 seeds)" \
+        in paired.table([row], "grpo", 0.5)

@@ -316,8 +316,10 @@ def run_one(method, seed, args):
         rc = subprocess.run(cmd + extra, cwd=ROOT).returncode
         where = "its message is above"
     if rc:
-        sys.exit(f"{method} seed {seed}: train.py exited with status {rc} ({where}); {run_dir} is "
-                 f"kept, and the same command picks up from it")
+        # not "the same command picks up from it": where train.py refused the folder (a run.json edited by hand), it
+        # refuses again until the cause is dealt with
+        sys.exit(f"{method} seed {seed}: train.py exited with status {rc} ({where}); {run_dir} is kept: once what "
+                 f"that message says is dealt with, the same command resumes it (or --overwrite starts it over)")
     print(f"finished {method} seed {seed}", flush=True)
     checkpoint.write_json(done_path, {"method": method, "seed": seed, "steps": args.steps, "flags": flags,
                                       "machine": machine()})
@@ -352,6 +354,14 @@ def run_all(chosen: list, seeds: list, args) -> dict:
         sys.exit(failed[0] if len(failed) == 1 else f"{len(failed)} runs failed (each named above): " + "; ".join(
             x.split(":")[0] for x in failed))
     return {m: [done[(m, s)] for s in seeds] for m in chosen}
+
+
+def step_mean(runs: list, key: str, fmt: str) -> str:
+    """The mean of key over every step of every run that logged it ('n/a' for runs from before it was logged): how
+    many groups a step's advantage acts on (groups_trained: those mixing right and wrong), and the share of tokens a
+    rule moved off their rollout's A_i (tokens_reshaped)."""
+    values = [r[key] for recs in runs for r in recs if r.get(key) is not None]
+    return format(statistics.mean(values), fmt) if values else "n/a"
 
 
 def shared_mark(runs: list) -> str:
@@ -400,12 +410,13 @@ def table(results: dict) -> str:
     paused or sharing the CPU for a while is not charged for it, as a sum of its steps would be. The last four
     columns: credit.py's attribution of the first error (synthetic tasks; nan elsewhere)."""
     lines = ["| method | seeds | greedy accuracy before | after (mean +- std) | response length after | "
-             "ESS-ratio (last 20 steps) | minutes in steps per run | first-error rank | hit@1 | hit@3 | AUC |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ESS-ratio (last 20 steps) | groups trained a step | tokens reshaped | minutes in steps per run | "
+             "first-error rank | hit@1 | hit@3 | AUC |", "|---" * 13 + "|"]
     for method, runs in results.items():
         evals = [[r for r in recs if "eval_accuracy" in r] for recs in runs]
         if not all(evals):  # a run evaluated nowhere (--no-final-eval, --eval-every past --steps): no accuracy
-            lines.append(f"| {method} | {len(runs)} | n/a | n/a (a run has no evaluation) | n/a | n/a | n/a | "
+            lines.append(f"| {method} | {len(runs)} | n/a | n/a (a run has no evaluation) | n/a | n/a | n/a | n/a | "
+                         f"n/a | "
                          f"{' | '.join(credit_columns(runs))} |")
             continue
         after = [e[-1]["eval_accuracy"] for e in evals]
@@ -421,6 +432,7 @@ def table(results: dict) -> str:
                      f"{f'{statistics.mean(before):.3f}' if len(before) == len(evals) else 'n/a'} | "
                      f"{statistics.mean(after):.3f} +- {std:.3f} | "
                      f"{mean_std([e[-1]['eval_response_len'] for e in evals])} | {ess:.3f} | "
+                     f"{step_mean(runs, 'groups_trained', '.1f')} | {step_mean(runs, 'tokens_reshaped', '.3f')} | "
                      f"{f'{statistics.mean(minutes):.1f}' if minutes else 'n/a'}{shared_mark(runs)} | "
                      f"{' | '.join(credit_columns(runs))} |")
     return "\n".join(lines) + "\n"
@@ -428,8 +440,9 @@ def table(results: dict) -> str:
 
 def main(argv=None):
     p = cli.Parser(description=__doc__.split("\n")[0])
-    p.add_argument("--methods", default=",".join(methods.short_names()), help="comma-separated --method names "
-                                                                              "(default: %(default)s)")
+    p.add_argument("--methods", default=",".join(methods.short_names()),
+                   help="comma-separated --method names, or variants METHOD[flag=value,...] run beside them, e.g. "
+                        "\"ktae,ktae[ktae-alpha=0]\" (default: %(default)s)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--steps", type=int, default=100, help="per run (default: %(default)s)")
     p.add_argument("--eval-every", type=int, default=None, help="greedy evaluation (and checkpoint) every N steps "

@@ -25,10 +25,10 @@ difference detected" the rest, beside the smallest difference those seeds could 
 Any method can be the baseline (--baseline), a variant too: `--baseline "ktae"` for `ktae[ktae-alpha=0]`.
 
 Equal wall-clock: each run's seconds in steps (metrics' time_step, sampling to optimizer step, evaluations left out;
-its median step times the steps, robust to a machine shared for a while); a method is read at the last evaluation it
-reached within the baseline's time for all its steps (a method faster than the baseline is read at its last step: the
-runs stop at --steps). With evaluations every 10 steps the reading is coarse, and the times are those of the machine
-the runs shared.
+its median step times the steps, robust to a machine shared for a while); a method is read when it had spent the
+baseline's time for all its steps, its accuracy interpolated linearly in time between the two evaluations around that
+moment (a method faster than the baseline is read at its last step: the runs stop at --steps). The rows read before
+their first evaluation after step 0 are named under the table. The times are those of the machine the runs shared.
 """
 import hashlib
 import json
@@ -59,10 +59,26 @@ def seconds_to(recs: list) -> dict:
 
 
 def accuracy_within(recs: list, seconds: float) -> float:
-    """The accuracy of the last evaluation the run reached within `seconds` of steps."""
+    """The run's accuracy after `seconds` of steps: interpolated linearly in time between the two evaluations around
+    that moment, so that a run 1 % slower than the baseline is not read a whole evaluation earlier (at the last grid
+    point it reached); past its last evaluation, that one's (the run stopped at --steps). accuracy_within of a run
+    evaluated at steps 0 (0.2) and 10 (0.5), 1 s a step, at 4 s: 0.2 + 0.4 * 0.3 = 0.32."""
     acc, spent = evals(recs), seconds_to(recs)
-    reached = [s for s in acc if spent.get(s, math.inf) <= seconds * (1 + 1e-9)]
-    return acc[max(reached)]
+    points = sorted((spent.get(s, math.inf), a) for s, a in acc.items())
+    before = [p for p in points if p[0] <= seconds * (1 + 1e-9)]
+    after = [p for p in points if p[0] > seconds * (1 + 1e-9) and p[0] < math.inf]
+    if not after:
+        return before[-1][1]
+    (t0, a0), (t1, a1) = before[-1], after[0]
+    return a0 + (a1 - a0) * (seconds - t0) / (t1 - t0)
+
+
+def first_evaluation_time(recs: list) -> float:
+    """The seconds of steps to the run's first evaluation after step 0: a wall-clock reading before it is mostly the
+    untrained model's (tools.paired says which rows read so)."""
+    acc, spent = evals(recs), seconds_to(recs)
+    later = [spent.get(s, math.inf) for s in acc if s > 0]
+    return min(later) if later else math.inf
 
 
 def steps_to(recs: list, threshold: float):
@@ -206,8 +222,10 @@ def rows(runs: dict, baseline: str, threshold: float) -> list:
         d_step = [a - evals(base[s])[step] for s, a, step in zip(common, acc, last)]
         # a run with no step timed (metrics from before time_step) has no wall-clock: n/a, not 0 seconds
         timed = all(any("time_step" in r for r in x) for s in common for x in (seeds[s], base[s]))
-        d_wall = [accuracy_within(seeds[s], seconds_to(base[s])[max(evals(base[s]))])
-                  - evals(base[s])[max(evals(base[s]))] for s in common] if timed else [math.nan]
+        budget = {s: seconds_to(base[s])[max(evals(base[s]))] for s in common} if timed else {}
+        d_wall = [accuracy_within(seeds[s], budget[s]) - evals(base[s])[max(evals(base[s]))] for s in common] \
+            if timed else [math.nan]
+        early = sum(budget[s] < first_evaluation_time(seeds[s]) for s in common) if timed else 0
         length = [[r["eval_response_len"] for r in seeds[s] if "eval_response_len" in r][-1]
                   - [r["eval_response_len"] for r in base[s] if "eval_response_len" in r][-1] for s in common]
         minutes = [seconds_to(seeds[s])[max(evals(seeds[s]))] / 60 for s in common] if timed else [math.nan]
@@ -225,7 +243,7 @@ def rows(runs: dict, baseline: str, threshold: float) -> list:
                         base_length=statistics.mean([[r["eval_response_len"] for r in base[s]
                                                       if "eval_response_len" in r][-1] for s in common]),
                         minutes=statistics.mean(minutes), base_minutes=statistics.mean(base_minutes),
-                        cpu_share=min(shares) if shares else None,
+                        cpu_share=min(shares) if shares else None, early=early,
                         reach=reach, base_reach=[steps_to(base[s], threshold) for s in common]))
     return out
 
@@ -257,8 +275,10 @@ def table(rows_: list, baseline: str, threshold: float) -> str:
              f"**better** = the interval above 0 and the mean at least +{MARGIN}; **worse** = the interval below 0 "
              f"and the mean at most -{MARGIN}; else **no difference detected**. Detectable: the smallest true "
              f"difference these seeds would find 80 % of the time (infra/stats.py): a smaller one may be there "
-             f"unseen. Equal steps: both read at the last evaluation; {b}'s wall-clock: the method read at the last "
-             f"evaluation it reached within {b}'s time in steps (median step time x steps).", "",
+             f"unseen. Equal steps: both read at the last evaluation. {b}'s wall-clock: the method read when it had "
+             f"spent {b}'s time in steps (each run's median step time x steps, robust to a machine paused or shared "
+             f"for a while), its accuracy interpolated linearly in time between the evaluations around that moment.",
+             "",
              f"| method | seeds | accuracy at last step: method / {b} | difference, equal steps | detectable | verdict "
              f"| difference, {b}'s wall-clock | detectable | verdict | response length, tokens: method / {b} | "
              f"minutes in steps: method / {b} | steps to {threshold}: method / {b} (none: not reached) |",
@@ -271,6 +291,10 @@ def table(rows_: list, baseline: str, threshold: float) -> str:
                      f"{verdict(*r['d_wall'][:3])} | {r['length']:.1f} / {r['base_length']:.1f} | "
                      f"{_minutes(r['minutes'])} / {_minutes(r['base_minutes'])}{_shared(r)} | "
                      f"{reach(r['reach'])} / {reach(r['base_reach'])} |")
+    early = [f"{r['method']} ({r['early']} of {len(r['seeds'])} seeds)" for r in rows_ if r.get("early")]
+    if early:
+        lines += ["", f"Read at {b}'s wall-clock before their first evaluation after step 0, so between the untrained "
+                      f"model and that evaluation: {', '.join(early)}."]
     if any(_shared(r) for r in rows_):
         lines += ["", f"(shared): a run's median CPU share (metrics' time_cpu_share: the step's CPU seconds over its "
                       f"wall-clock seconds x threads) was below {SHARED}: other work took the machine while it ran, "
