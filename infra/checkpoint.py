@@ -569,15 +569,29 @@ def problem(path: str, skip: tuple = ()):
             continue
         if not os.path.isfile(file):
             return f"{file}: missing"
+        # a size or checksum that differs says only that the file changed: cut short, damaged, or edited by hand
         if os.path.getsize(file) != expect["bytes"]:
-            return f"{file}: {os.path.getsize(file)} bytes, {expect['bytes']} when saved (truncated?)"
+            return (f"{file}: changed since it was saved ({os.path.getsize(file)} bytes, {expect['bytes']} when "
+                    f"saved){changed_advice(path, name)}")
         try:
             digest = _sha256(file)
         except OSError as e:  # there, but not readable (permissions): not "missing", not "damaged"
             return f"{file}: cannot be read ({e.strerror or e})"
         if digest != expect["sha256"]:
-            return f"{file}: its contents changed since it was saved (SHA-256 differs)"
+            return f"{file}: its contents changed since it was saved (SHA-256 differs){changed_advice(path, name)}"
     return None
+
+
+def changed_advice(path: str, name: str) -> str:
+    """What to do about a checkpoint file changed since its save, where more can be said than that it changed: a LoRA
+    checkpoint's adapter_config.json is edited by hand to point the adapters at a base that moved, which no
+    supported way does (the manifest holds the file as saved, and lora.BASE_FILE the base's weights)."""
+    if name != lora.ADAPTER_CONFIG:
+        return ""
+    saved = read_json(os.path.join(path, lora.BASE_FILE))
+    where = saved.get("base") if isinstance(saved, dict) and isinstance(saved.get("base"), str) else None
+    return (f"; the adapters cannot be pointed at a base moved elsewhere: put the base back"
+            f"{f' at {where}' if where else ''} and restore {name} as saved (the run's checkpoint.prev holds one)")
 
 
 def readable(path: str) -> bool:

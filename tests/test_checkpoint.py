@@ -236,7 +236,7 @@ def flip_a_byte(path):
 
 @pytest.mark.parametrize("how, expect", [
     (lambda c: truncate(os.path.join(c, "state.pt")), "state.pt: "),
-    (lambda c: truncate(os.path.join(c, "model.safetensors")), "(truncated?)"),
+    (lambda c: truncate(os.path.join(c, "model.safetensors")), "changed since it was saved ("),
     (lambda c: flip_a_byte(os.path.join(c, "model.safetensors")), "contents changed since it was saved"),
     (lambda c: os.remove(os.path.join(c, "tokenizer.json")), "tokenizer.json: missing"),
     (lambda c: os.remove(os.path.join(c, "manifest.json")), "incomplete"),
