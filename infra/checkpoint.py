@@ -27,7 +27,7 @@ import tempfile
 
 import torch
 
-from infra import lora
+from infra import lora, track
 
 CHECKPOINT, PREVIOUS, TMP = "checkpoint", "checkpoint.prev", "checkpoint.tmp"
 MANIFEST = "manifest.json"
@@ -115,6 +115,12 @@ def check(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
             if model == there or model.startswith(there + os.sep):
                 fail(f"--model {args.model} lies in {there}, which --overwrite would delete: copy it elsewhere "
                      f"first, or choose another --run-dir")
+        for name in CLEARED:  # all of it checked before anything is deleted: a refusal halfway would lose the run
+            kept = foreign(os.path.join(run_dir, name)) if os.path.isdir(os.path.join(run_dir, name)) else []
+            if kept:
+                fail(f"--overwrite: {kept[0]} is not of this run (not what it writes there), and --overwrite clears "
+                     f"{os.path.join(run_dir, name)}: move it out of {run_dir}, then --overwrite again (nothing was "
+                     f"deleted)")
     holds_a_run = any(os.path.exists(os.path.join(run_dir, n)) for n in ("metrics.jsonl", CHECKPOINT, PREVIOUS, TMP))
     if holds_a_run and not resume and not overwrite:
         what = (f"a {'finished' if info.get('finished') else 'stopped'} {info['args'].get('method')} run"
@@ -428,7 +434,16 @@ def ours(path: str):
     listed = (read_json(os.path.join(path, MANIFEST)) or {}).get("files")
     if isinstance(listed, dict):
         return lambda rel: rel in listed or rel == MANIFEST
+    tracker = track.TRACKERS.get(os.path.basename(os.path.normpath(path)))
+    if tracker is not None:  # a tracker's folder (--report-to): what it writes at its top, and everything below that
+        return lambda rel: any(fnmatch.fnmatch(rel.split(os.sep)[0], w) for w in tracker.writes)
     return lambda rel: any(fnmatch.fnmatch(os.path.basename(rel), w) for w in WRITTEN)
+
+
+def _entries(d: str, dirs: list, names: list) -> list:
+    """An os.walk step's files, and its links to folders (wandb's latest-run), which os.walk lists as folders but
+    does not enter: removed as the files are."""
+    return names + [n for n in dirs if os.path.islink(os.path.join(d, n))]
 
 
 def foreign(path: str) -> list:
@@ -439,7 +454,8 @@ def foreign(path: str) -> list:
             found.append(d)
             dirs[:] = []
             continue
-        found += [os.path.join(d, n) for n in names if not mine(os.path.relpath(os.path.join(d, n), path))]
+        found += [os.path.join(d, n) for n in _entries(d, dirs, names)
+                  if not mine(os.path.relpath(os.path.join(d, n), path))]
     return found
 
 
@@ -449,8 +465,8 @@ def discard(path: str, strict: bool = True):
     is left in place, and with strict the run stops in one line saying so, before it writes anything."""
     mine, kept = ours(path), foreign(path)
     try:
-        for d, _, names in os.walk(path):
-            for n in names:
+        for d, dirs, names in os.walk(path):
+            for n in _entries(d, dirs, names):
                 file = os.path.join(d, n)
                 if mine(os.path.relpath(file, path)) and not any(file.startswith(k + os.sep) for k in kept):
                     os.remove(file)
