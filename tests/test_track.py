@@ -156,6 +156,25 @@ def test_a_recipe_round_trips_with_run_json_and_the_command_line_wins(tmp_path):
     assert (args.method, args.lr, args.group_size, args.max_new_tokens, args.bf16) == ("grpo", 1e-5, 6, 24, False)
 
 
+def test_a_run_json_from_before_a_flag_was_renamed_repeats_under_the_old_name(tmp_path):
+    # round four: a run.json whose key is a flag's old name, still an alias (gpu_memory of --memory, --gpu-memory),
+    # was refused as "not a flag of this command"; the alias is the flag, in a recipe as on the command line
+    first = training.parse_args(["--method", "grpo", "--memory", "12", "--no-bf16", "--run-dir", str(tmp_path / "a")])
+    os.makedirs(first.run_dir)
+    from infra import checkpoint
+    checkpoint.write_info(first.run_dir, first, finished=True, step=1)
+    run_json = os.path.join(first.run_dir, "run.json")
+    info = json.load(open(run_json))
+    info["args"]["gpu_memory"] = info["args"].pop("memory")  # as the run wrote it before the rename
+    json.dump(info, open(run_json, "w"))
+    again = training.parse_args(["--config", run_json, "--run-dir", str(tmp_path / "b")])
+    assert again.memory == 12 and again.bf16 is False
+    path = tmp_path / "r.yaml"
+    path.write_text("gpu-memory: 8\nno-bf16: true\n")  # a switch's --no- form is not an alias of it
+    with pytest.raises(SystemExit):
+        training.parse_args(["--config", str(path)])
+
+
 @pytest.mark.parametrize("text,said", [
     ("lr: 1e-5\nlearning_rate: 1e-5\n", "learning_rate: not a flag of this command"),
     ("group-size: many\n", "group-size: argument --group-size: invalid int value: 'many'"),
