@@ -374,7 +374,9 @@ def save_run(run_dir: str, step: int, model, tokenizer, optimizer, scheduler, pr
              "surplus_qs": buffer[0], "surplus": buffer[1]}
     write = (lambda path: lora.save(path, adapters, tokenizer, base, base_identity)) if adapters else None  # noqa
     final, prev = os.path.join(run_dir, CHECKPOINT), os.path.join(run_dir, PREVIOUS)
-    freed = folder_bytes(prev) if _intact(final) and os.path.isdir(prev) else 0  # the older one goes first
+    tmp = os.path.join(run_dir, TMP)
+    # what save() removes before it writes: a checkpoint.tmp a kill left, and the older one when the last is whole
+    freed = sum(folder_bytes(x) for x in ((tmp, prev) if _intact(final) else (tmp,)) if os.path.isdir(x))
     check_room(run_dir, checkpoint_bytes(model, optimizer, adapters), f"the checkpoint of step {step}", freed,
                f"; {_last(final)}")
     save(run_dir, model, tokenizer, state, write=write)
@@ -483,7 +485,12 @@ def discard(path: str, strict: bool = True):
 
 
 def folder_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
+    """The bytes of the files below the folder `path` (or of the file `path`); a link takes none (wandb's debug.log
+    links to a file counted where it lies)."""
+    if not os.path.isdir(path):
+        return os.lstat(path).st_size if os.path.isfile(path) and not os.path.islink(path) else 0
+    return sum(os.lstat(os.path.join(d, n)).st_size for d, _, names in os.walk(path) for n in names
+               if not os.path.islink(os.path.join(d, n)))
 
 
 RUN_ADVICE = "free space, or choose another --run-dir (--save-every 0 --no-final-save saves nothing)"
@@ -502,10 +509,10 @@ def check_room(run_dir: str, need: int, what: str, freed: int = 0, then: str = "
 
 
 def held_bytes(run_dir: str) -> int:
-    """What the run's checkpoint folders take now: a resumed run replaces them as it saves, so its plan needs that
-    much less free space."""
-    return sum(folder_bytes(os.path.join(run_dir, n)) for n in (CHECKPOINT, PREVIOUS, TMP)
-               if os.path.isdir(os.path.join(run_dir, n)))
+    """What the run's own files take now (all --overwrite clears: checkpoints, checkpoint.prev, a checkpoint.tmp a kill
+    left, metrics.jsonl, heat maps, trackers' folders): the plan (memory.disk_plan) counts the whole run's, from
+    step 0, and a resumed run replaces these as it goes (an overwritten one deletes them), so they are room it has."""
+    return sum(folder_bytes(os.path.join(run_dir, n)) for n in CLEARED if os.path.exists(os.path.join(run_dir, n)))
 
 
 def checkpoint_bytes(model, optimizer, adapters=None) -> int:
