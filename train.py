@@ -51,7 +51,8 @@ def main(argv=None):
     checkpoint.check(args.run_dir, args, args.resume, args.overwrite, ckpt)
     checkpoint.check_room(args.run_dir, memory.disk_plan(models.load_config(args.model), args)["run"],
                           "this run's checkpoints and logs",  # a full disk said now, not after the steps
-                          freed=checkpoint.held_bytes(args.run_dir) if ckpt else 0)  # --resume replaces its own
+                          # --resume replaces the run's own files as it goes, --overwrite deletes them first
+                          freed=checkpoint.held_bytes(args.run_dir) if ckpt or args.overwrite else 0)
     run = start(args, ckpt)
     try:
         loop(run)

@@ -66,7 +66,17 @@ def tokens(action: argparse.Action, key: str, value, path: str) -> list:
 def argv_of(p: argparse.ArgumentParser, path: str) -> list:
     """The recipe at path as command-line words for p, each key checked alone against its flag (a bad one is Refused
     naming the file and the key). Keys with a null value are left out: the flag keeps its default."""
-    flags = {a.dest: a for a in p._actions if a.option_strings and a.dest != "help"}
+    flags = {}
+    for a in p._actions:
+        if not a.option_strings or a.dest == "help":
+            continue
+        flags[a.dest] = a
+        # and each of its long names: an alias keeps a recipe or run.json written under it (a flag renamed, its old
+        # name kept: --gpu-memory for --memory) working; a switch's --no- form is not the switch
+        for name in a.option_strings:
+            if name.startswith("--") and not (isinstance(a, argparse.BooleanOptionalAction) and
+                                              name.startswith("--no-")):
+                flags.setdefault(name[2:].replace("-", "_"), a)
     words = []
     for key, value in read(path).items():
         action = flags.get(str(key).replace("-", "_"))

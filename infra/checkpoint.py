@@ -27,7 +27,7 @@ import tempfile
 
 import torch
 
-from infra import lora
+from infra import lora, track
 
 CHECKPOINT, PREVIOUS, TMP = "checkpoint", "checkpoint.prev", "checkpoint.tmp"
 MANIFEST = "manifest.json"
@@ -115,6 +115,12 @@ def check(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
             if model == there or model.startswith(there + os.sep):
                 fail(f"--model {args.model} lies in {there}, which --overwrite would delete: copy it elsewhere "
                      f"first, or choose another --run-dir")
+        for name in CLEARED:  # all of it checked before anything is deleted: a refusal halfway would lose the run
+            kept = foreign(os.path.join(run_dir, name)) if os.path.isdir(os.path.join(run_dir, name)) else []
+            if kept:
+                fail(f"--overwrite: {kept[0]} is not of this run (not what it writes there), and --overwrite clears "
+                     f"{os.path.join(run_dir, name)}: move it out of {run_dir}, then --overwrite again (nothing was "
+                     f"deleted)")
     holds_a_run = any(os.path.exists(os.path.join(run_dir, n)) for n in ("metrics.jsonl", CHECKPOINT, PREVIOUS, TMP))
     if holds_a_run and not resume and not overwrite:
         what = (f"a {'finished' if info.get('finished') else 'stopped'} {info['args'].get('method')} run"
@@ -368,7 +374,9 @@ def save_run(run_dir: str, step: int, model, tokenizer, optimizer, scheduler, pr
              "surplus_qs": buffer[0], "surplus": buffer[1]}
     write = (lambda path: lora.save(path, adapters, tokenizer, base, base_identity)) if adapters else None  # noqa
     final, prev = os.path.join(run_dir, CHECKPOINT), os.path.join(run_dir, PREVIOUS)
-    freed = folder_bytes(prev) if _intact(final) and os.path.isdir(prev) else 0  # the older one goes first
+    tmp = os.path.join(run_dir, TMP)
+    # what save() removes before it writes: a checkpoint.tmp a kill left, and the older one when the last is whole
+    freed = sum(folder_bytes(x) for x in ((tmp, prev) if _intact(final) else (tmp,)) if os.path.isdir(x))
     check_room(run_dir, checkpoint_bytes(model, optimizer, adapters), f"the checkpoint of step {step}", freed,
                f"; {_last(final)}")
     save(run_dir, model, tokenizer, state, write=write)
@@ -428,7 +436,16 @@ def ours(path: str):
     listed = (read_json(os.path.join(path, MANIFEST)) or {}).get("files")
     if isinstance(listed, dict):
         return lambda rel: rel in listed or rel == MANIFEST
+    tracker = track.TRACKERS.get(os.path.basename(os.path.normpath(path)))
+    if tracker is not None:  # a tracker's folder (--report-to): what it writes at its top, and everything below that
+        return lambda rel: any(fnmatch.fnmatch(rel.split(os.sep)[0], w) for w in tracker.writes)
     return lambda rel: any(fnmatch.fnmatch(os.path.basename(rel), w) for w in WRITTEN)
+
+
+def _entries(d: str, dirs: list, names: list) -> list:
+    """An os.walk step's files, and its links to folders (wandb's latest-run), which os.walk lists as folders but
+    does not enter: removed as the files are."""
+    return names + [n for n in dirs if os.path.islink(os.path.join(d, n))]
 
 
 def foreign(path: str) -> list:
@@ -439,7 +456,8 @@ def foreign(path: str) -> list:
             found.append(d)
             dirs[:] = []
             continue
-        found += [os.path.join(d, n) for n in names if not mine(os.path.relpath(os.path.join(d, n), path))]
+        found += [os.path.join(d, n) for n in _entries(d, dirs, names)
+                  if not mine(os.path.relpath(os.path.join(d, n), path))]
     return found
 
 
@@ -449,8 +467,8 @@ def discard(path: str, strict: bool = True):
     is left in place, and with strict the run stops in one line saying so, before it writes anything."""
     mine, kept = ours(path), foreign(path)
     try:
-        for d, _, names in os.walk(path):
-            for n in names:
+        for d, dirs, names in os.walk(path):
+            for n in _entries(d, dirs, names):
                 file = os.path.join(d, n)
                 if mine(os.path.relpath(file, path)) and not any(file.startswith(k + os.sep) for k in kept):
                     os.remove(file)
@@ -467,7 +485,12 @@ def discard(path: str, strict: bool = True):
 
 
 def folder_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
+    """The bytes of the files below the folder `path` (or of the file `path`); a link takes none (wandb's debug.log
+    links to a file counted where it lies)."""
+    if not os.path.isdir(path):
+        return os.lstat(path).st_size if os.path.isfile(path) and not os.path.islink(path) else 0
+    return sum(os.lstat(os.path.join(d, n)).st_size for d, _, names in os.walk(path) for n in names
+               if not os.path.islink(os.path.join(d, n)))
 
 
 RUN_ADVICE = "free space, or choose another --run-dir (--save-every 0 --no-final-save saves nothing)"
@@ -486,10 +509,10 @@ def check_room(run_dir: str, need: int, what: str, freed: int = 0, then: str = "
 
 
 def held_bytes(run_dir: str) -> int:
-    """What the run's checkpoint folders take now: a resumed run replaces them as it saves, so its plan needs that
-    much less free space."""
-    return sum(folder_bytes(os.path.join(run_dir, n)) for n in (CHECKPOINT, PREVIOUS, TMP)
-               if os.path.isdir(os.path.join(run_dir, n)))
+    """What the run's own files take now (all --overwrite clears: checkpoints, checkpoint.prev, a checkpoint.tmp a kill
+    left, metrics.jsonl, heat maps, trackers' folders): the plan (memory.disk_plan) counts the whole run's, from
+    step 0, and a resumed run replaces these as it goes (an overwritten one deletes them), so they are room it has."""
+    return sum(folder_bytes(os.path.join(run_dir, n)) for n in CLEARED if os.path.exists(os.path.join(run_dir, n)))
 
 
 def checkpoint_bytes(model, optimizer, adapters=None) -> int:
@@ -569,15 +592,29 @@ def problem(path: str, skip: tuple = ()):
             continue
         if not os.path.isfile(file):
             return f"{file}: missing"
+        # a size or checksum that differs says only that the file changed: cut short, damaged, or edited by hand
         if os.path.getsize(file) != expect["bytes"]:
-            return f"{file}: {os.path.getsize(file)} bytes, {expect['bytes']} when saved (truncated?)"
+            return (f"{file}: changed since it was saved ({os.path.getsize(file)} bytes, {expect['bytes']} when "
+                    f"saved){changed_advice(path, name)}")
         try:
             digest = _sha256(file)
         except OSError as e:  # there, but not readable (permissions): not "missing", not "damaged"
             return f"{file}: cannot be read ({e.strerror or e})"
         if digest != expect["sha256"]:
-            return f"{file}: its contents changed since it was saved (SHA-256 differs)"
+            return f"{file}: its contents changed since it was saved (SHA-256 differs){changed_advice(path, name)}"
     return None
+
+
+def changed_advice(path: str, name: str) -> str:
+    """What to do about a checkpoint file changed since its save, where more can be said than that it changed: a LoRA
+    checkpoint's adapter_config.json is edited by hand to point the adapters at a base that moved, which no
+    supported way does (the manifest holds the file as saved, and lora.BASE_FILE the base's weights)."""
+    if name != lora.ADAPTER_CONFIG:
+        return ""
+    saved = read_json(os.path.join(path, lora.BASE_FILE))
+    where = saved.get("base") if isinstance(saved, dict) and isinstance(saved.get("base"), str) else None
+    return (f"; the adapters cannot be pointed at a base moved elsewhere: put the base back"
+            f"{f' at {where}' if where else ''} and restore {name} as saved (the run's checkpoint.prev holds one)")
 
 
 def readable(path: str) -> bool:

@@ -304,7 +304,11 @@ def check_adapters(path: str, name: str, flag: str, config_only: bool = False):
             from infra import checkpoint
             why = checkpoint.problem(path, skip=("state.pt",))
             if why:
-                sys.exit(f"{flag} {name}: a damaged checkpoint: {why}")
+                sys.exit(f"{flag} {name}: a checkpoint not as it was saved: {why}")
+    if not (base in MODELS or is_hub_name(base) or os.path.exists(os.path.expanduser(base))):
+        # moved: the path is held by the checkpoint's manifest (adapter_config.json as saved), so it goes back
+        sys.exit(f"{flag} {name}: its base {base} is not there (moved?): put it back there; the adapters cannot be "
+                 f"pointed at another place ({lora.ADAPTER_CONFIG} is held as saved by the checkpoint's manifest)")
     check_path(base, f"{flag} {name}: its base", config_only)
     if not config_only:
         check_base(name, flag)
@@ -359,7 +363,7 @@ def check_files(path: str, name: str, flag: str):
         from infra import checkpoint
         why = checkpoint.problem(path, skip=("state.pt",))
         if why:
-            sys.exit(f"{flag} {name}: a damaged checkpoint: {why}")
+            sys.exit(f"{flag} {name}: a checkpoint not as it was saved: {why}")
     check_size(path, name, flag)
 
 

@@ -65,6 +65,8 @@ def numbers(record: dict) -> dict:
 
 class TensorBoard:
     package = "tensorboard"
+    # what the tracker writes at the top of its folder (RUN/tensorboard): what --overwrite may delete there
+    writes = ("events.out.tfevents.*",)
 
     def __init__(self, run_dir: str, name: str, config: dict):
         from torch.utils.tensorboard import SummaryWriter
@@ -99,6 +101,8 @@ class StepLogged:
 
 class Wandb(StepLogged):
     package = "wandb"
+    writes = ("run-id", "wandb", "latest-run", "debug.log", "debug-internal.log", "offline-run-*", "run-*",
+              "artifacts")
 
     def __init__(self, run_dir: str, name: str, config: dict):
         keep_offline(run_dir)
@@ -133,6 +137,8 @@ def read_run_id(id_file: str) -> str:
 
 class Trackio(StepLogged):
     package = "trackio"
+    # the store of PROJECT (.db, -wal, -shm, .lock, .hash, parquet exports) and trackio's folders beside it
+    writes = (f"{PROJECT}.*", f"{PROJECT}_*", "media", "artifacts", "traces", "aux")
 
     def __init__(self, run_dir: str, name: str, config: dict):
         keep_offline(run_dir)

@@ -630,3 +630,45 @@ def test_an_out_that_is_a_file_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         outfolder.claim(str(tmp_path / "f"), {}, False, False)
     assert str(e.value.code) == f"--out {tmp_path / 'f'}: a file, not a folder; choose another --out"
+
+
+def test_a_block_saved_on_a_full_disk_is_one_line_and_keeps_the_last_whole_save(tmp_path, monkeypatch):
+    # round four: block.pt's save on a full disk was a traceback (torch.save's own error) and left a cut .tmp; now
+    # one line, the .tmp gone and the last whole save in place, from which the same command continues
+    import errno
+    import os
+    progress = attribution.Progress(str(tmp_path), range(0, 2))
+    progress.save(groups=[1, 2])
+    whole = (tmp_path / attribution.PROGRESS).read_bytes()
+    real = attribution.torch.save
+
+    def full(obj, path):
+        real(obj, path)
+        with open(path, "r+b") as f:
+            f.truncate(10)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(attribution.torch, "save", full)
+    with pytest.raises(SystemExit) as e:
+        progress.save(groups=[1, 2, 3])
+    said = str(e.value.code)
+    assert said.startswith(f"{tmp_path / attribution.PROGRESS}: the work so far of problems 0-1 could not be saved "
+                           f"(") and "No space left on device" in said and "\n" not in said, said
+    assert os.listdir(tmp_path) == [attribution.PROGRESS] and (tmp_path / attribution.PROGRESS).read_bytes() == whole
+    monkeypatch.setattr(attribution.torch, "save", real)
+    assert attribution.Progress(str(tmp_path), range(0, 2)).get("groups") == [1, 2]
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--prompt-tokens", "300-150"], "'300-150': needs 1 <= LOW <= HIGH"),
+    (["--prompt-tokens", "150"], "'150': not a range"), (["--n", "0"], "--n 0: must be at least 1"),
+    (["--calls", "0"], "--calls 0: must be at least 1"), (["--hidden", "64"], "--hidden 64: only with --layers"),
+    (["--temperature", "0"], "--temperature 0.0: must be at least")])
+def test_the_memory_benchmark_refuses_a_bad_value_in_one_line_before_the_model_loads(monkeypatch, capsys, flags,
+                                                                                     said):
+    # round four: a bad --prompt-tokens range or --n 0 was a traceback after the model loaded
+    from tools import memgrowth
+    monkeypatch.setattr(memgrowth, "load", lambda args: pytest.fail("the model loaded"))
+    with pytest.raises(SystemExit) as e:
+        memgrowth.main(["--model", "tiny", "--threads", "1", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and said in err[0] and "usage" not in err[0], err

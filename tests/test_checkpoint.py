@@ -236,7 +236,7 @@ def flip_a_byte(path):
 
 @pytest.mark.parametrize("how, expect", [
     (lambda c: truncate(os.path.join(c, "state.pt")), "state.pt: "),
-    (lambda c: truncate(os.path.join(c, "model.safetensors")), "(truncated?)"),
+    (lambda c: truncate(os.path.join(c, "model.safetensors")), "changed since it was saved ("),
     (lambda c: flip_a_byte(os.path.join(c, "model.safetensors")), "contents changed since it was saved"),
     (lambda c: os.remove(os.path.join(c, "tokenizer.json")), "tokenizer.json: missing"),
     (lambda c: os.remove(os.path.join(c, "manifest.json")), "incomplete"),
@@ -724,6 +724,31 @@ def test_the_disk_check_counts_the_logs_gives_true_advice_and_lets_a_resume_reus
     monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: real(p)._replace(free=plan - held // 2))
     train.main(["--steps", "3", "--save-every", "1", "--resume", "--run-dir", str(run_dir), *SMALL])
     assert json.load(open(run_dir / "checkpoint" / "manifest.json"))["step"] == 3
+
+
+def test_the_disk_check_counts_as_room_what_a_resume_or_overwrite_replaces(base, tmp_path, monkeypatch):
+    # round four: a resume that fits was refused: a save counted as freed checkpoint.prev alone, though it removes a
+    # checkpoint.tmp a kill left first; and the start's check counted the checkpoints alone of the run's own files
+    # (its plan counts metrics.jsonl, heat maps and trackers' files from step 0), and nothing on --overwrite
+    from infra import memory
+    run_dir = tmp_path / "run"
+    flags = ["--save-every", "1", "--run-dir", str(run_dir), *SMALL]
+    train.main(["--steps", "2", *flags])
+    (run_dir / "checkpoint.tmp").mkdir()  # a save killed midway (no manifest): the next save removes it first
+    with open(run_dir / "checkpoint.tmp" / "state.pt", "wb") as f:
+        f.truncate(2 ** 30)  # sparse: 1 GiB it would free, none taken here
+    real = shutil.disk_usage
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: real(p)._replace(free=0))
+    train.main(["--steps", "3", "--resume", *flags])
+    assert json.load(open(run_dir / "checkpoint" / "manifest.json"))["step"] == 3
+    assert not (run_dir / "checkpoint.tmp").exists()
+    held = checkpoint.held_bytes(str(run_dir))
+    assert held == sum(checkpoint.folder_bytes(str(run_dir / n)) for n in checkpoint.CLEARED) > \
+        sum(checkpoint.folder_bytes(str(run_dir / n)) for n in ("checkpoint", "checkpoint.prev"))
+    plan = memory.disk_plan(base[0].config, training.parse_args(["--steps", "2", *flags]))["run"]
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: real(p)._replace(free=plan - held + 1))
+    train.main(["--steps", "2", "--overwrite", *flags])
+    assert json.load(open(run_dir / "checkpoint" / "manifest.json"))["step"] == 2
 
 
 def test_a_save_deletes_only_what_the_manifest_says_it_wrote(base, tmp_path):

@@ -84,3 +84,78 @@ def test_the_wheels_carried_to_the_gpu_are_the_versions_the_suite_tests():
     from importlib.metadata import version
     for name in ("latex2sympy2_extended", "antlr4-python3-runtime"):  # math-verify's own, installed here by pip
         assert carried[name] == version(name), name
+
+
+def one_line_refusal(capsys, call) -> str:
+    """call()'s refusal: exit status 2 and one line on stderr, argparse's usage block left out."""
+    with pytest.raises(SystemExit) as e:
+        call()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "usage" not in err[0], err
+    return err[0]
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--budget", "0"], "--budget 0: must be at least 1"), (["--cap-scale", "nan"], "--cap-scale nan: must be"),
+    (["--parts", ","], "--parts ',': names no part"), (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--budg", "5"], "unrecognized arguments: --budg")])
+def test_gpu_check_refuses_a_bad_value_in_one_line_before_anything_runs(capsys, monkeypatch, flags, said):
+    # round four: bad values were tracebacks minutes in, and a refusal printed argparse's usage block
+    monkeypatch.setattr(gpu_check, "check", lambda a: pytest.fail("the check ran"))
+    assert said in one_line_refusal(capsys, lambda: gpu_check.main(flags))
+
+
+def test_gpu_check_refuses_an_out_that_is_a_file(tmp_path, capsys):
+    (tmp_path / "out").write_text("x")
+    said = one_line_refusal(capsys, lambda: gpu_check.main(["--out", str(tmp_path / "out")]))
+    assert f"--out {tmp_path / 'out'}: a file, not a folder" in said
+    r = subprocess.run(["bash", "tools/gpu_check.sh"], cwd=ROOT, env={**os.environ, "OUT": str(tmp_path / "out")},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == (f"gpu_check.sh: OUT={tmp_path / 'out'} is a file, not a folder: "
+                                                      f"set OUT to a folder (it is made where missing)")
+
+
+def test_gpu_check_sh_on_a_python_without_torch_is_one_line(tmp_path):
+    # round four: a python3 without torch gave a traceback in the log and then each part's failure
+    (tmp_path / "hide" / "torch").mkdir(parents=True)
+    (tmp_path / "hide" / "torch" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")")
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", "tools/gpu_check.sh", "--device", "cpu"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "OUT": str(out), "PYTHONPATH": str(tmp_path / "hide")}, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    assert lines[0].startswith("gpu_check.sh: ") and "has no torch: install it (" in lines[0] and "pip install torch" \
+        in lines[0], lines
+    assert (out / "gpu_check.log").read_text().strip() == lines[0]
+
+
+def test_a_stale_or_second_wheel_is_named_in_one_line(tmp_path, monkeypatch, capsys):
+    # round four: a wheel kept from an older fetch beside the pinned one made pip on the GPU refuse both (or install
+    # either) without naming which file was the stale one
+    monkeypatch.setattr(gpu_check, "WHEEL_DIR", str(tmp_path))
+    version = pins("requirements/gpu-check-wheels.txt")["peft"]
+    (tmp_path / f"peft-{version}-py3-none-any.whl").write_text("x")
+    assert gpu_check.main(["--check-wheels"]) == 0 and gpu_check.wheel_problem() is None
+    (tmp_path / "peft-0.1.0-py3-none-any.whl").write_text("x")
+    assert gpu_check.main(["--check-wheels"]) == 1
+    assert capsys.readouterr().err == (f"gpu_check: {tmp_path}/peft-0.1.0-py3-none-any.whl: stale "
+                                       f"(requirements/gpu-check-wheels.txt pins peft=={version}): delete it, then "
+                                       f"--fetch-wheels\n")
+    os.remove(tmp_path / "peft-0.1.0-py3-none-any.whl")
+    (tmp_path / f"peft-{version}-py2.py3-none-any.whl").write_text("x")  # the same version twice
+    assert "a second wheel of peft beside" in gpu_check.wheel_problem()
+
+
+def test_fetch_wheels_with_no_reachable_host_is_one_line(tmp_path, monkeypatch):
+    # round four: a CalledProcessError naming pip's whole command; an index nothing listens on stands for no network
+    monkeypatch.setattr(gpu_check, "WHEEL_DIR", str(tmp_path / "whl"))
+    for var, value in (("PIP_CONFIG_FILE", os.devnull), ("PIP_INDEX_URL", "http://127.0.0.1:9/simple"),
+                       ("PIP_RETRIES", "0"), ("PIP_TIMEOUT", "2")):
+        monkeypatch.setenv(var, value)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main(["--fetch-wheels"])
+    said = str(e.value.code)
+    assert said.startswith("--fetch-wheels: the wheel host (http://127.0.0.1:9/simple) could not be reached (pip: ") \
+        and "copy the wheels" in said and "\n" not in said, said

@@ -246,6 +246,31 @@ def test_adapters_refuse_a_base_replaced_in_place(base, tmp_path):
     assert "adapter_base.json cannot be read (damaged?)" in str(e.value.code)
 
 
+def test_a_base_moved_is_said_as_moved_and_an_edited_adapter_config_as_changed(base, tmp_path):
+    # round four: a base moved, then adapter_config.json edited to point at it, was refused as "(truncated?)";
+    # the file was changed, not cut, and the way out is to put the base back (no supported way points elsewhere)
+    import shutil
+    from infra import models
+    shutil.copytree(base[0].name_or_path, tmp_path / "base")
+    run_dir = tmp_path / "run"
+    train.main(["--model", str(tmp_path / "base"), "--method", "grpo", "--run-dir", str(run_dir), *SMALL,
+                "--steps", "1", "--no-final-eval"])
+    ckpt = str(run_dir / "checkpoint")
+    os.rename(tmp_path / "base", tmp_path / "moved")
+    with pytest.raises(SystemExit) as e:
+        models.check_path(ckpt)
+    said = str(e.value.code)
+    assert f"its base {tmp_path / 'base'} is not there (moved?): put it back there" in said and "\n" not in said
+    config = run_dir / "checkpoint" / lora.ADAPTER_CONFIG
+    config.write_text(config.read_text().replace(str(tmp_path / "base"), str(tmp_path / "moved")))
+    with pytest.raises(SystemExit) as e:
+        models.check_path(ckpt)
+    said = str(e.value.code)
+    assert "truncated" not in said and "\n" not in said, said
+    assert f"{lora.ADAPTER_CONFIG}: changed since it was saved (" in said, said
+    assert f"put the base back at {tmp_path / 'base'} and restore {lora.ADAPTER_CONFIG}" in said, said
+
+
 def test_merge_and_evaluate_on_a_full_disk_or_a_damaged_adapter_are_one_line_and_leave_nothing_cut(base, tmp_path,
                                                                                                  monkeypatch):
     # issue 63: evaluate ran the whole benchmark, then failed to write and left a cut JSON that blocked the rerun;

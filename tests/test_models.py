@@ -261,8 +261,8 @@ def test_a_checkpoint_whose_weights_changed_is_refused_as_a_model(base, tmp_path
     overwrite(d / "model.safetensors", size - 4000, b"\x7f" * 4000)  # the weights, not the header
     with pytest.raises(SystemExit) as e:
         models.check_path(str(d))
-    assert str(e.value.code) == (f"--model {d}: a damaged checkpoint: {d}/model.safetensors: its contents changed "
-                                 f"since it was saved (SHA-256 differs)")
+    assert str(e.value.code) == (f"--model {d}: a checkpoint not as it was saved: {d}/model.safetensors: its contents "
+                                 f"changed since it was saved (SHA-256 differs)")
 
 
 @pytest.mark.parametrize("damage, expect", [

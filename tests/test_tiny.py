@@ -57,6 +57,34 @@ def test_a_second_builder_waits_while_the_first_holds_the_lock(tmp_path):
     assert subprocess.run([sys.executable, "-c", probe, path + ".lock"]).returncode == 0
 
 
+def test_another_users_lock_is_shared_to_read_or_said_in_one_line(tmp_path, monkeypatch):
+    # round four: the lock file of a shared .cache, made by another user (0644), gave a PermissionError traceback
+    # (opened to append); flock takes a file opened to read, so the builds still take turns; one that cannot be
+    # opened at all is one line naming it and its owner
+    import builtins
+    import pytest
+    path = str(tmp_path / "tiny-base-seed0")
+    open(path + ".lock", "w").close()
+    refused_modes = {"a"}
+
+    def as_another_user(file, mode="r", *args, **kwargs):
+        if str(file).endswith(".lock") and mode in refused_modes:
+            raise PermissionError(13, "Permission denied", file)
+        return builtins.open(file, mode, *args, **kwargs)
+    monkeypatch.setattr(tiny, "open", as_another_user, raising=False)
+    probe = ("import fcntl, sys\nf = open(sys.argv[1], 'a')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+             "except BlockingIOError:\n    sys.exit(7)\n")
+    with tiny.one_builder(path):  # opened to read: still the lock another process waits on
+        assert subprocess.run([sys.executable, "-c", probe, path + ".lock"]).returncode == 7
+    refused_modes.add("r")
+    with pytest.raises(SystemExit) as e:
+        with tiny.one_builder(path):
+            pass
+    said = str(e.value.code)
+    assert said.startswith(f"{path}.lock: the lock of a shared model build cannot be opened (Permission denied; "
+                           f"owned by ") and "chmod a+r" in said and "\n" not in said, said
+
+
 def test_training_never_sees_held_out_problems():
     held = set(tiny.eval_problems())
     assert len(held) == tiny.N_EVAL

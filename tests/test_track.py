@@ -156,6 +156,25 @@ def test_a_recipe_round_trips_with_run_json_and_the_command_line_wins(tmp_path):
     assert (args.method, args.lr, args.group_size, args.max_new_tokens, args.bf16) == ("grpo", 1e-5, 6, 24, False)
 
 
+def test_a_run_json_from_before_a_flag_was_renamed_repeats_under_the_old_name(tmp_path):
+    # round four: a run.json whose key is a flag's old name, still an alias (gpu_memory of --memory, --gpu-memory),
+    # was refused as "not a flag of this command"; the alias is the flag, in a recipe as on the command line
+    first = training.parse_args(["--method", "grpo", "--memory", "12", "--no-bf16", "--run-dir", str(tmp_path / "a")])
+    os.makedirs(first.run_dir)
+    from infra import checkpoint
+    checkpoint.write_info(first.run_dir, first, finished=True, step=1)
+    run_json = os.path.join(first.run_dir, "run.json")
+    info = json.load(open(run_json))
+    info["args"]["gpu_memory"] = info["args"].pop("memory")  # as the run wrote it before the rename
+    json.dump(info, open(run_json, "w"))
+    again = training.parse_args(["--config", run_json, "--run-dir", str(tmp_path / "b")])
+    assert again.memory == 12 and again.bf16 is False
+    path = tmp_path / "r.yaml"
+    path.write_text("gpu-memory: 8\nno-bf16: true\n")  # a switch's --no- form is not an alias of it
+    with pytest.raises(SystemExit):
+        training.parse_args(["--config", str(path)])
+
+
 @pytest.mark.parametrize("text,said", [
     ("lr: 1e-5\nlearning_rate: 1e-5\n", "learning_rate: not a flag of this command"),
     ("group-size: many\n", "group-size: argument --group-size: invalid int value: 'many'"),
@@ -275,3 +294,35 @@ def test_a_tracker_never_ends_a_run_with_a_traceback(base, tmp_path, monkeypatch
         assert "this run's curves go on in a new wandb run" in capsys.readouterr().out
     id_file.write_text("ab12cd34\n")
     assert track.read_run_id(str(id_file)) == "ab12cd34"
+
+
+def test_overwrite_clears_the_trackers_folders_and_checks_all_before_deleting(base, tmp_path, capsys):
+    # round four: --overwrite of a run made with --report-to deleted metrics.jsonl and the checkpoint, then stopped
+    # at the tracker's own files as "not of this run", the run lost and no new one started
+    run_dir = tmp_path / "run"
+    small = ["--steps", "1", "--prompts-per-step", "2", "--group-size", "4", "--eval-limit", "8", "--eval-every", "1",
+             "--threads", "1", "--run-dir", str(run_dir), "--report-to", "tensorboard"]
+    train.main(small)
+    # wandb's and trackio's folders as they lay them out (wandb 0.2x offline, trackio): a link to a folder too
+    online = run_dir / "wandb" / "offline-run-20260101_000000-ab12cd34"
+    (online / "files").mkdir(parents=True)
+    (online / "run-ab12cd34.wandb").write_text("x")
+    (run_dir / "wandb" / "run-id").write_text("ab12cd34")
+    os.symlink(online.name, run_dir / "wandb" / "latest-run")
+    os.symlink(f"{online.name}/run-ab12cd34.wandb", run_dir / "wandb" / "debug.log")
+    (run_dir / "trackio").mkdir()
+    for name in (f"{track.PROJECT}.db", f"{track.PROJECT}.db-wal", f"{track.PROJECT}.lock"):
+        (run_dir / "trackio" / name).write_text("x")
+    before = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
+    note = run_dir / "wandb" / "notes.txt"
+    note.write_text("mine")
+    with pytest.raises(SystemExit) as e:
+        train.main(small + ["--overwrite"])
+    said = str(e.value.code)
+    assert f"--overwrite: {note} is not of this run" in said and "nothing was deleted" in said and "\n" not in said
+    assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p != note) == before
+    note.unlink()
+    train.main(small + ["--overwrite"])
+    assert not (run_dir / "wandb").exists() and not (run_dir / "trackio").exists()
+    assert len(os.listdir(run_dir / "tensorboard")) == 1  # the new run's events file only
+    assert [r["step"] for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "reward_mean" in r] == [1]

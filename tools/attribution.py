@@ -25,11 +25,13 @@ wrong step marked, each rule's step blame coloured).
 have no group, so only the rules that need none (methods.Rule.needs_group) score them.
 """
 import argparse
+import contextlib
 import hashlib
 import html
 import json
 import os
 import random
+import shutil
 import sys
 import time
 from contextlib import contextmanager
@@ -279,8 +281,17 @@ class Progress:
             self.state["device_rng"] = torch.cuda.get_rng_state(self.device)
         elif self.device.startswith("mps"):
             self.state["device_rng"] = torch.mps.get_rng_state()
-        torch.save(self.state, self.path + ".tmp")
-        os.replace(self.path + ".tmp", self.path)
+        try:
+            torch.save(self.state, self.path + ".tmp")
+            os.replace(self.path + ".tmp", self.path)
+        except Exception as e:  # noqa: BLE001 (torch.save's writer raises its own kind on a full disk, not OSError)
+            # whole or nothing, as infra/checkpoint.save: the cut .tmp goes, the last whole save stays for the rerun
+            with contextlib.suppress(OSError):
+                os.remove(self.path + ".tmp")
+            free = shutil.disk_usage(os.path.dirname(self.path) or ".").free / 2 ** 20
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            sys.exit(f"{self.path}: the work so far of {self.name} could not be saved ({first}; {free:.0f} MiB free "
+                     f"there): free space and run the same command again, which continues from the last whole save")
 
     def call(self, asked, draw):
         """One sampling call of the block: draw() -> its values. asked (JSON: what the call samples from) names it:

@@ -24,6 +24,7 @@ tests/test_gpu_check.py runs, so that the GPU's first call cannot fail on a typo
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -33,6 +34,8 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, replace
+
+from infra import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WHEELS = os.path.join(ROOT, "requirements", "gpu-check-wheels.txt")
@@ -352,9 +355,49 @@ def write_json(out: str, report: dict, seconds: float):
     os.replace(tmp, os.path.join(out, "gpu_check.json"))
 
 
+def pins() -> dict:
+    """{normalised name: version} of requirements/gpu-check-wheels.txt."""
+    lines = [x.split("#")[0].strip() for x in open(WHEELS)]
+    return {normal(x.split("==")[0]): x.split("==")[1].strip() for x in lines if "==" in x}
+
+
+def normal(name: str) -> str:
+    """A distribution's name as wheel files and pins compare (PEP 503: case, and -, _ and . alike)."""
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def wheel_problem(folder: str = None):
+    """Why the wheels in folder (.whl/) are not the set gpu_check.sh should install, or None: a wheel that no pin of
+    requirements/gpu-check-wheels.txt names at its version (kept from an older fetch), or two of one package (pip
+    would refuse both, or install either, on the GPU machine's one call). One line naming the file."""
+    folder = folder or WHEEL_DIR
+    wanted, seen = pins(), {}
+    for f in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        if not f.endswith(".whl"):
+            continue
+        name, version = (f.split("-") + [""])[:2]
+        where = os.path.join(os.path.relpath(folder, ROOT) if folder.startswith(ROOT) else folder, f)
+        if normal(name) in seen:
+            return (f"{where}: a second wheel of {name} beside {seen[normal(name)]}: delete the one that "
+                    f"{os.path.relpath(WHEELS, ROOT)} does not pin ({name}=={wanted.get(normal(name), '?')})")
+        seen[normal(name)] = f
+        if wanted.get(normal(name)) != version:
+            pinned = f"pins {name}=={wanted[normal(name)]}" if normal(name) in wanted else f"does not name {name}"
+            return f"{where}: stale ({os.path.relpath(WHEELS, ROOT)} {pinned}): delete it, then --fetch-wheels"
+    return None
+
+
+def print_problem(problem):
+    """problem on stderr (one line), and whether there was one."""
+    if problem:
+        print(f"gpu_check: {problem}", file=sys.stderr)
+    return bool(problem)
+
+
 def fetch_wheels():
     """pip download of requirements/gpu-check-wheels.txt into .whl/ for the device's Python (3.12, manylinux x86-64),
-    then their total size against WHEEL_BUDGET."""
+    then their total size against WHEEL_BUDGET. A host that cannot be reached, or a stale wheel left there, is one
+    line."""
     names = [x.split("#")[0].strip() for x in open(WHEELS)]
     names = [x for x in names if x]
     plats = [f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64",
@@ -362,7 +405,17 @@ def fetch_wheels():
     os.makedirs(WHEEL_DIR, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
            "3.12", "--implementation", "cp", *plats, "-d", WHEEL_DIR, *names]
-    subprocess.run(cmd, check=True)
+    r = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+    if r.returncode:  # pip's error, the whole command and a traceback, would bury what to do
+        said = [x.strip() for x in r.stderr.splitlines() if x.startswith("ERROR")] or ["no message"]
+        unreachable = any(m in r.stderr for m in ("from versions: none", "NewConnectionError", "Connection refused",
+                                                  "Max retries", "Name or service not known", "timed out"))
+        where = os.environ.get("PIP_INDEX_URL") or "pip's index"
+        sys.exit(f"--fetch-wheels: " + (f"the wheel host ({where}) could not be reached" if unreachable else
+                                        "pip download failed") + f" (pip: {said[0]}): run --fetch-wheels on a machine "
+                 f"that reaches it, or copy the wheels {os.path.relpath(WHEELS, ROOT)} pins into {WHEEL_DIR}")
+    if wheel_problem():
+        sys.exit(f"--fetch-wheels: {wheel_problem()}")
     total = sum(os.path.getsize(os.path.join(WHEEL_DIR, f)) for f in os.listdir(WHEEL_DIR) if f.endswith(".whl"))
     print(f"{WHEEL_DIR}: {len(names)} wheels, {total / 2**20:.1f} MiB (budget {WHEEL_BUDGET / 2**20:.0f} MiB)")
     if total > WHEEL_BUDGET:
@@ -370,8 +423,8 @@ def fetch_wheels():
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p = cli.Parser(description=__doc__.split("\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="gpu_check_out", help="where the files that come back go (default: %(default)s)")
     p.add_argument("--device", default=None, help="cuda, or cpu for the rehearsal (default: cuda where there is one)")
     p.add_argument("--parts", default=",".join(x.name for x in PARTS),
@@ -384,9 +437,26 @@ def main(argv=None):
     p.add_argument("--pytest-arg", dest="pytest_args", action="append", default=[],
                    help="passed to the tests part's pytest, e.g. --pytest-arg=-x (repeatable)")
     p.add_argument("--fetch-wheels", action="store_true", help=f"download {os.path.relpath(WHEELS, ROOT)} into .whl/")
+    p.add_argument("--check-wheels", action="store_true",
+                   help="say in one line whether .whl/ holds a stale or second wheel (gpu_check.sh, before installing)")
     p.add_argument("--part", default=None, help=argparse.SUPPRESS)  # a child: one part
     p.add_argument("--work", default=None, help=argparse.SUPPRESS)  # the children's shared folder
     a = p.parse_args(argv)
+    # every value checked before anything is fetched, imported or started (a part's traceback would come minutes in)
+    if a.budget < 1:
+        p.error(f"--budget {a.budget}: must be at least 1 second")
+    if not (math.isfinite(a.cap_scale) and a.cap_scale > 0):
+        p.error(f"--cap-scale {a.cap_scale}: must be a number above 0")
+    if a.threads is not None and not 1 <= a.threads <= (os.cpu_count() or 1):
+        p.error(f"--threads {a.threads}: must be at least 1 and at most this machine's {os.cpu_count()} CPUs")
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        p.error(f"--out {a.out}: a file, not a folder; name a folder (it is made where missing)")
+    if not [x for x in a.parts.split(",") if x]:
+        p.error(f"--parts {a.parts!r}: names no part (choose from {', '.join(RUNNERS)})")
+    if not [m for m in a.methods.split(",") if m]:
+        p.error(f"--methods {a.methods!r}: names no method")
+    if a.check_wheels:
+        return 1 if print_problem(wheel_problem()) else 0
     if a.fetch_wheels:
         return fetch_wheels()
     import torch

@@ -7,8 +7,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-gpu_check_out}"
+# each refusal one line, before anything is installed or run (and in the log where there is a folder for it)
+if [ -e "$out" ] && [ ! -d "$out" ]; then
+  echo "gpu_check.sh: OUT=$out is a file, not a folder: set OUT to a folder (it is made where missing)" >&2; exit 2
+fi
 mkdir -p "$out"
-py=$(command -v python3 || command -v python)
+refuse() { echo "gpu_check.sh: $1" | tee "$out/gpu_check.log" >&2; exit 1; }
+py=$(command -v python3 || command -v python) || refuse "no python3 (or python) on PATH: install Python 3.12 with torch"
+"$py" -c 'import torch' >/dev/null 2>&1 ||
+  refuse "$py has no torch: install it ($py -m pip install torch), or put a python3 that has it first on PATH"
+# a wheel kept from an older fetch beside the pinned one: pip would refuse both, or install the wrong one
+if ls .whl/*.whl >/dev/null 2>&1; then
+  stale=$("$py" -m tools.gpu_check --check-wheels 2>&1) || refuse "${stale#gpu_check: }"
+fi
 # the wheels are the GPU machine's Python's (3.12); a rehearsal on another Python runs on its own packages
 if ls .whl/*.whl >/dev/null 2>&1 && "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu_check_site \

@@ -23,7 +23,7 @@ import torch
 import epicprm
 import sample
 from config import shared
-from infra import cpu, memory, models
+from infra import cli, cpu, memory, models
 from tools.attribution import handed_back
 
 
@@ -60,8 +60,19 @@ def load(args):
     return model, cfg.eos_token_id if isinstance(cfg.eos_token_id, int) else 0, cfg.pad_token_id or 0
 
 
+def token_range(text: str) -> tuple:
+    """--prompt-tokens' type: LOW-HIGH, 1 <= LOW <= HIGH, as (LOW, HIGH); anything else refused in one line by the
+    parser, before the model loads (a range drawn from only at the first call was a traceback then)."""
+    low, _, high = text.partition("-")
+    if not (low.strip().isdigit() and high.strip().isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r}: not a range of token counts LOW-HIGH, e.g. 150-300")
+    if not 1 <= int(low) <= int(high):
+        raise argparse.ArgumentTypeError(f"{text!r}: needs 1 <= LOW <= HIGH")
+    return int(low), int(high)
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
+    p = cli.Parser(description=__doc__.split("\n")[0])
     shared.add_shared_flags(p)
     p.add_argument("--layers", type=int, default=0, help="random weights with this many layers (0: the model itself)")
     p.add_argument("--hidden", type=int, default=0,
@@ -69,17 +80,24 @@ def main(argv=None):
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--n", type=int, default=16, help="continuations a prefix (a call's rows)")
     p.add_argument("--prefixes", type=int, default=1, help="prefixes a call (--responses: 1; sampled: up to 4)")
-    p.add_argument("--prompt-tokens", default="150-300", help="a prefix's length, drawn from this range")
+    p.add_argument("--prompt-tokens", type=token_range, default="150-300",
+                   help="a prefix's length, drawn from this range")
     p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--temperature", type=shared.number, default=1.0)
     p.add_argument("--keep", action="store_true",
                    help="keep freed memory between calls, as tools.attribution did before 2026-11-28 (default: hand it "
                         "back as each call ends, attribution.handed_back)")
     args = p.parse_args(argv)
-    with shared.as_errors_of(p):
+    with shared.as_errors_of(p):  # every value before anything loads: a bad one was a traceback after the model
         shared.check_shared(args)
+        shared.at_least(args, {"calls": 1, "n": 1, "prefixes": 1, "max_new_tokens": 1, "layers": 0, "hidden": 0})
+        if args.temperature < shared.MIN_TEMPERATURE:
+            raise shared.Refused(f"--temperature {args.temperature}: must be at least {shared.MIN_TEMPERATURE}")
+        if args.hidden and not args.layers:
+            raise shared.Refused(f"--hidden {args.hidden}: only with --layers (random weights of that width)")
+    models.check_path(args.model, config_only=bool(args.layers))  # its files, one line, nothing loaded
     cpu.setup(args.threads)
-    low, high = map(int, args.prompt_tokens.split("-"))
+    low, high = args.prompt_tokens
     t0 = time.time()
     model, eos, pad = load(args)
     model.to(args.device)
@@ -87,7 +105,7 @@ def main(argv=None):
     shape = f" ({args.layers} layers{f' of hidden size {args.hidden}' if args.hidden else ''}, random weights)"
     print(f"{args.model}{shape if args.layers else ''}: loaded in "
           f"{time.time() - t0:.0f} s; resident {statm() / memory.GiB:.2f} GiB; calls of {args.prefixes} x {args.n} "
-          f"rows, prefixes of {args.prompt_tokens} tokens, {args.max_new_tokens} new tokens at most, bf16 {args.bf16}, "
+          f"rows, prefixes of {low}-{high} tokens, {args.max_new_tokens} new tokens at most, bf16 {args.bf16}, "
           f"freed memory {'kept' if args.keep else 'handed back'} after each call")
     plan = memory.memory_plan(model.config, rollouts=args.n * args.prefixes, gen_rollouts=args.n * args.prefixes,
                               prompt_len=high, max_new_tokens=args.max_new_tokens, micro_batch=1, bf16=args.bf16,

@@ -216,10 +216,39 @@ def one_builder(path: str):
     process beside it (the suite's two workers, tools.compare --jobs 2) waits and then reads the finished copy,
     instead of building its own and replacing the first one's while that one is being read."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".lock", "a") as lock:
+    with open_lock(path + ".lock") as lock:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process ends however it ends
         yield
+
+
+def open_lock(file: str):
+    """The lock file, opened to write, or else to read (another user's lock in a shared .cache: flock takes a file
+    open to read as well, so the two still take turns); one that cannot be opened at all is one line naming it and
+    its owner, not a PermissionError traceback."""
+    try:
+        return open(file, "a")
+    except OSError as first:
+        try:
+            return open(file, "r")
+        except OSError:
+            pass
+        raise SystemExit(f"{file}: the lock of a shared model build cannot be opened ({first.strerror or first}; "
+                         f"{owner(file)}): ask its owner to make it readable (chmod a+r {file}), or work in a clone "
+                         f"of your own (its .cache is yours)") from None
+
+
+def owner(file: str) -> str:
+    """Whose the file is, as a phrase."""
+    try:
+        uid = os.stat(file).st_uid
+    except OSError:
+        return "its owner unknown"
+    try:
+        import pwd
+        return f"owned by {pwd.getpwuid(uid).pw_name}"
+    except (ImportError, KeyError):
+        return f"owned by user id {uid}"
 
 
 def build(path: str, cache_dir: str, seed: int, task):
