@@ -133,7 +133,10 @@ def load_rules_file(argv: list):
     spec = methods.rules_file_of(argv)
     if spec is None:
         path = methods.rules_file_of(["--rules-file" if w == "--config" else w for w in argv])  # the recipe's path
-        values = recipe.read(path) if path else {}
+        try:
+            values = recipe.read(path) if path else {}
+        except Refused:  # a recipe that cannot be read is said by the parser's own reading of it, below
+            values = {}
         spec = values.get("rules-file", values.get("rules_file")) if isinstance(values, dict) else None
     if spec:
         try:
@@ -148,7 +151,7 @@ def parse_args(argv=None):
     try:
         load_rules_file(argv)
     except Refused as e:
-        sys.exit(f"train.py: error: {e}")
+        parser().error(str(e))  # the parser of the table's own rules: one line, as for any flag
     p = parser()
     with shared.as_errors_of(p):
         args = p.parse_args(recipe.expand(p, argv))  # --config's flags first: the command line's, later, win
