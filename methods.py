@@ -537,7 +537,7 @@ def add_knobs(p):
         title = f"rule{'s' * (len(owners) > 1)} {', '.join(owners)}"
         if title not in groups:
             groups[title] = p.add_argument_group(title)
-        shown = f"{k.help} (default: {k.default})" if k.default not in (None, False) else k.help
+        shown = f"{k.help} (default: {k.default})" if k.default is not None and k.default is not False else k.help
         if k.type is None:
             groups[title].add_argument(k.flag, action="store_true", default=None, help=shown)
         else:
@@ -583,10 +583,10 @@ def load_rules(spec: str, flag: str = "--rules-file") -> list:
     import importlib
     import importlib.util
     import os
-    path = os.path.abspath(spec) if spec.endswith(".py") or os.path.isfile(spec) else None
-    if path in _LOADED:
-        return _LOADED[path]
-    before = dict(RULES)
+    path = os.path.abspath(spec) if spec.endswith(".py") or os.path.isfile(spec) or os.sep in spec else None
+    if (path or spec) in _LOADED:
+        return _LOADED[path or spec]
+    before, knobs_before, equations = dict(RULES), knobs(), _equation_functions()
     try:
         if path:
             if not os.path.isfile(path):
@@ -622,8 +622,44 @@ def load_rules(spec: str, flag: str = "--rules-file") -> list:
     if not added:
         raise ValueError(f"{flag} {spec}: adds no rule (it should end with methods.RULES[\"name\"] = "
                          f"methods.Rule(function), README.md \"Adding a token rule\")")
+    patched = [name for name, f in _equation_functions().items() if equations.get(name) is not f]
+    taken = [k.flag for n in added for k in RULES[n].knobs if k.dest in knobs_before and k is not knobs_before[
+        k.dest][0]]
+    if patched or taken:
+        for n in added:
+            del RULES[n]
+        for name in patched:  # put the table's equations back: the process may go on (a test, a caller)
+            if name in equations:
+                module, attr = name.split(".", 1)
+                setattr(__import__("sys").modules[module], attr, equations[name])
+        if patched:  # every rule of the process would run it, the original of a comparison too
+            raise ValueError(f"{flag} {spec}: replaces {patched[0]} for every rule, the table's too; keep the original "
+                             f"and run yours beside it with methods.with_equation (README.md, \"A quick ablation\")")
+        owners = ", ".join(knobs_before[taken[0][2:].replace("-", "_")][1])
+        raise ValueError(f"{flag} {spec}: its knob {taken[0]} is a flag of {owners} already; give yours another "
+                         f"name, or reuse that rule's Knob itself")
     _LOADED[path or spec] = added
     return added
+
+
+def rules_digest(spec: str) -> str:
+    """The SHA-256 of a rules file's content (a module's file as Python finds it): what a run records of it."""
+    import hashlib
+    import importlib.util
+    import os
+    path = spec if spec.endswith(".py") or os.path.isfile(spec) or os.sep in spec else (
+        getattr(importlib.util.find_spec(spec), "origin", None) or spec)
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _equation_functions() -> dict:
+    """{"ktae.direction": function, ...}: the functions of the modules the rules compute with (a rule file that
+    replaced one would change the table's rules too)."""
+    import sys
+    names = ("grpo", "dapo", "ktae", "oar", "grail", "entropy", "shear", "rlsd", "surprisal", "sample", "methods")
+    return {f"{m}.{k}": v for m in names if m in sys.modules for k, v in vars(sys.modules[m]).items()
+            if callable(v) and not k.startswith("__")}
 
 
 def rules_file_of(argv: list):

@@ -21,7 +21,7 @@ from config.shared import Refused
 
 # what a run.json holds beside the flags that made the run: resolve()'s derived values, and the run's place and
 # mode, which a repeat does not inherit (it would land in, resume or delete the run it copies)
-DERIVED = ("base", "rule")
+DERIVED = ("base", "rule", "rules_file_sha256")
 NOT_REPEATED = ("run_dir", "resume", "overwrite", "dry_run", "config")
 
 

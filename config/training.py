@@ -141,8 +141,11 @@ def load_rules_file(argv: list):
     if spec:
         try:
             methods.load_rules(str(spec))
+            parser()  # a knob of the file's named like one of train.py's own flags cannot join them
         except ValueError as e:
             raise Refused(str(e)) from None
+        except argparse.ArgumentError as e:
+            raise Refused(f"--rules-file {spec}: a knob of its is a flag of train.py already ({e})") from None
 
 
 def parse_args(argv=None):
@@ -194,6 +197,9 @@ def resolve(args):
     args.eval_dataset = args.eval_dataset or ds.held_out
     if args.run_dir is None:
         args.run_dir = os.path.join("runs", f"{args.method}-seed{args.seed}")
+    # the rules file by its content, a setting that defines the run: one edited between a run and its --resume would
+    # train the later steps with another rule under the same name (infra/checkpoint.py refuses it)
+    args.rules_file_sha256 = methods.rules_digest(args.rules_file) if args.rules_file else None
     if args.lora_alpha is None:
         args.lora_alpha = 4.0 * args.lora_rank
     check(args)

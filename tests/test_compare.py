@@ -52,12 +52,12 @@ def test_minutes_in_steps_are_not_charged_for_a_paused_step():
     recs += [{"step": s, "ess_ratio": 1.0, "time_step": t} for s, t in zip((1, 2, 3, 4), (60.0, 60.0, 60.0, 3600.0))]
     recs += [{"step": 4, "eval_accuracy": 0.6, "eval_response_len": 10.0}]
     row = compare.table({"grpo": [recs]}).splitlines()[2].split("|")
-    assert row[7].strip() == "4.0"
+    assert row[9].strip() == "4.0"
     # a run with no step timed (its metrics from before time_step) is left out of the mean, not counted as 0 minutes:
     # (4.0 + nothing) / 1 = 4.0; with only such runs the column says n/a
     untimed = [{k: v for k, v in r.items() if k != "time_step"} for r in recs]
-    assert compare.table({"grpo": [recs, untimed]}).splitlines()[2].split("|")[7].strip() == "4.0"
-    assert compare.table({"grpo": [untimed]}).splitlines()[2].split("|")[7].strip() == "n/a"
+    assert compare.table({"grpo": [recs, untimed]}).splitlines()[2].split("|")[9].strip() == "4.0"
+    assert compare.table({"grpo": [untimed]}).splitlines()[2].split("|")[9].strip() == "n/a"
 
 
 def test_a_run_stopped_before_its_first_checkpoint_starts_over(base, tmp_path, capsys):
@@ -99,7 +99,7 @@ def test_flags_compare_sets_itself_are_refused_after_the_separator(tmp_path, cap
     (["--methods", "ktae[ktae-alpha=0],grpo+ktae[ktae-alpha=0]"],
      "grpo+ktae[ktae-alpha=0] is ktae[ktae-alpha=0] again"),
     (["--methods", "nope[x=1]"], "--methods: unknown method 'nope'"),
-    (["--rules-file", "missing_rules.py"], "--rules-file missing_rules.py: no such file"),
+    (["--rules-file", "missing_rules.py"], "missing_rules.py: no such file"),
 ])
 def test_bad_flags_are_one_line_before_any_run(tmp_path, monkeypatch, capsys, flags, named):
     monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a run was started"))
@@ -372,6 +372,12 @@ def test_a_rules_file_reaches_every_run_and_its_content_is_recorded(tmp_path, mo
         with pytest.raises(SystemExit, match="--rules-file"):
             compare.main(["--rules-file", str(rules), "--methods", "no-eos", "--seeds", "0", "--steps", "1",
                           "--out", str(out)])
+        # --overwrite makes them again, not the old runs reused under the new file's record
+        compare.main(["--rules-file", str(rules), "--methods", "no-eos", "--seeds", "0", "--steps", "1", "--out",
+                      str(out), "--overwrite"])
+        assert len(commands) == 3
+        assert json.load(open(out / "no-eos-seed0" / "done.json"))["files"]["--rules-file"] == json.load(
+            open(out / "settings.json"))["--rules-file"]
     finally:
         methods.RULES.pop("no-eos", None)
         methods._LOADED.pop(str(rules), None)

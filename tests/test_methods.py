@@ -253,9 +253,40 @@ def test_a_rule_file_that_cannot_serve_is_one_line(tmp_path):
         assert "x" not in methods.RULES and methods.RULES["ktae"].advantages is methods.key_tokens
     with pytest.raises(ValueError, match="no such file"):
         methods.load_rules(str(tmp_path / "missing.py"))
+    # a knob that is another rule's with another default, and an equation replaced for every rule (the original of a
+    # comparison too): refused, the table as it was
+    knob = ("import methods\ndef mine(b, r, m, c):\n    return methods.none(b, r, m, c)\n"
+            "methods.RULES['mine'] = methods.Rule(mine, knobs=(methods.Knob('--ktae-alpha', 5.0, 'mine'),))\n")
+    patch = ("import ktae, methods, torch\nold = ktae.direction\nktae.direction = lambda *a, **k: torch.sign(old(*a, "
+             "**k))\nmethods.RULES['ktae-sign2'] = methods.Rule(methods.key_tokens)\n")
+    for name, text, said in (("knob.py", knob, "its knob --ktae-alpha is a flag of ktae already"),
+                             ("patch.py", patch, "replaces ktae.direction for every rule")):
+        (tmp_path / name).write_text(text)
+        original = ktae.direction
+        with pytest.raises(ValueError, match=said):
+            methods.load_rules(str(tmp_path / name))
+        ktae.direction = original  # the refused file's import already ran
+        assert "mine" not in methods.RULES and "ktae-sign2" not in methods.RULES
+    # a knob named like one of train.py's own flags: one line, not argparse's traceback
+    (tmp_path / "lr.py").write_text(knob.replace("'--ktae-alpha', 5.0", "'--lr', 5.0").replace("mine", "mine2"))
+    try:
+        with pytest.raises(SystemExit, match="a knob of its is a flag of train.py already"):
+            training.parse_args_one_line(["--rules-file", str(tmp_path / "lr.py"), "--method", "grpo"])
+    finally:
+        methods.RULES.pop("mine2", None)
     done = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--rules-file", str(tmp_path / "empty.py"),
                            "--method", "grpo"], capture_output=True, text=True)
     assert done.returncode != 0 and done.stderr.strip().count("\n") == 0 and "adds no rule" in done.stderr
+
+
+def test_a_rule_file_edited_before_resume_is_refused(base, readme_rules, tmp_path):
+    path, _ = readme_rules
+    run_dir = str(tmp_path / "run")
+    flags = ["--rules-file", str(path), "--method", "no-eos", "--run-dir", run_dir, "--save-every", "1", *SMALL]
+    train.main(flags + ["--steps", "1", "--no-final-eval"])
+    path.write_text(path.read_text().replace("(1 - ctx.args.eos_share))", "(1 - ctx.args.eos_share)) * -5"))
+    with pytest.raises(SystemExit, match="--resume: .* is a run with --rules-file-sha256 "):
+        train.main(flags + ["--steps", "2", "--resume", "--no-final-eval"])
 
 
 def test_a_knob_belongs_to_its_rule():

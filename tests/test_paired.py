@@ -204,6 +204,19 @@ def test_a_comparison_joins_each_run_once_and_only_its_own(tmp_path, capsys):
     assert sorted(runs["ktae"]) == [0] and sorted(runs["grpo"]) == [0, 1]
     assert "ktae-seed1: left out, made with the train.py flags --lr 3e-4, not the folder's --lr 1e-4" in \
         capsys.readouterr().out
+    # a run with a flag more after -- than the folder's (not only other values) is left out too
+    done = json.loads((tmp_path / "grpo-seed1" / "done.json").read_text())
+    done["flags"] += ["--beta", "0.1"]
+    (tmp_path / "grpo-seed1" / "done.json").write_text(json.dumps(done))
+    assert sorted(paired.finished(str(tmp_path))["grpo"]) == [0]
+    assert "not the folder's --lr 1e-4" in capsys.readouterr().out
+    # a variant's own flags come after the folder's: its run agrees
+    done["flags"] = done["flags"][:-2] + ["--ktae-alpha", "0"]
+    done["method"] = "grpo[ktae-alpha=0]"
+    (tmp_path / "grpo-seed1" / "done.json").write_text(json.dumps(done))
+    assert paired.disagrees(done, json.loads((tmp_path / "settings.json").read_text())) is None
+    done["method"] = "grpo"
+    (tmp_path / "grpo-seed1" / "done.json").write_text(json.dumps(done))
     # tools.compare names the runs it made: those only
     assert sorted(paired.finished(str(tmp_path), only={("grpo", 1), ("ktae", 1)})) == ["grpo", "ktae"]
 
@@ -240,6 +253,7 @@ def test_the_wall_clock_reading_interpolates_between_evaluations_by_hand(tmp_pat
     assert paired.accuracy_within(recs, 4.0) == pytest.approx(0.32)
     assert paired.accuracy_within(recs, 10.0) == pytest.approx(0.5) and paired.accuracy_within(recs, 30.0) == 0.5
     assert paired.first_evaluation_time(recs) == 10.0
+    assert math.isnan(paired.accuracy_within(recs[1:], 4.0))  # no evaluation by then (none at step 0): no reading
     # a method at 2 s a step read at grpo's 2 s (its step 1 of 2): before its first evaluation after step 0 when that
     # is at step 2, so the row says it was read early; 0.2 + (0.6 - 0.2) * 2 / 4 = 0.4, minus grpo's 0.5: -0.1
     for seed in (0, 1):

@@ -72,21 +72,8 @@ CREDIT = ("credit_rank", "credit_hit1", "credit_hit3", "credit_auc")  # the tabl
 
 
 def variant(name: str):
-    """'ktae[ktae-alpha=0,ktae-no-tf]' -> ('ktae', ['--ktae-alpha', '0', '--ktae-no-tf']); 'ktae' -> ('ktae', []).
-    A refusal is ValueError(one line)."""
-    method, bracket, inner = name.partition("[")
-    if not bracket:
-        return name, []
-    if not inner.endswith("]") or "[" in inner or not inner[:-1].strip():
-        raise ValueError(f"{name}: a variant is METHOD[flag=value,...] with at least one flag, e.g. ktae[ktae-alpha=0]")
-    flags = []
-    for item in inner[:-1].split(","):
-        key, eq, value = (part.strip() for part in item.partition("="))
-        flag = "--" + key.lstrip("-")
-        if flag in OWN_FLAGS + ("--rules-file",):
-            raise ValueError(f"{name}: {flag} is set by compare.py for every run (use compare.py's own flag)")
-        flags += [flag, value] if eq else [flag]
-    return method, flags
+    """tools.paired.variant, a flag compare.py sets for every run refused inside the brackets."""
+    return paired.variant(name, OWN_FLAGS + ("--rules-file",))
 
 
 def run_name(method: str) -> str:
@@ -161,13 +148,14 @@ def settings(args) -> dict:
     """What defines every run of OUT besides its method and seed, recorded in OUT (infra/outfolder.py): a later
     command with other values would reuse or resume runs made with these, and head their table with its own flags.
     A rules file is recorded by its content: one edited between two commands makes other runs."""
+    files = defining_files(args)
     return {"--dataset": models.identity(args.dataset), "--steps": args.steps, "--eval-every": args.eval_every,
             "the train.py flags after --": spelled_out(args.train_args),
             # a recipe, model folder or data file named there, by its content: edited between two commands, it makes
             # other runs, which the recorded path alone would not show
-            **({"files named after --": files} if (files := {w: models.identity(w) for w in spelled_out(
-                args.train_args) if not w.startswith("--") and os.path.exists(w)}) else {}),
-            **({"--rules-file": models.identity(args.rules_file)} if args.rules_file else {})}
+            **({"files named after --": {k: v for k, v in files.items() if k != "--rules-file"}}
+               if len(files) > ("--rules-file" in files) else {}),
+            **({"--rules-file": files["--rules-file"]} if "--rules-file" in files else {})}
 
 
 def split_methods(text: str) -> list:
@@ -190,6 +178,14 @@ def rules_path(spec: str) -> str:
         return os.path.abspath(spec)
     found = importlib.util.find_spec(spec)
     return found.origin if found and found.origin else spec
+
+
+def defining_files(args) -> dict:
+    """The files a run reads by a name given here, by their content (the rules file; a recipe, model folder or data
+    file named after --): done.json records them, so that --overwrite redoes a run whose file changed since."""
+    return {**({"--rules-file": models.identity(args.rules_file)} if args.rules_file else {}),
+            **{w: models.identity(w) for w in spelled_out(args.train_args) if not w.startswith("--")
+               and os.path.exists(w)}}
 
 
 def spelled_out(flags: list) -> list:
@@ -290,10 +286,11 @@ def run_one(method, seed, args):
     run_dir = os.path.join(args.out, f"{run_name(method)}-seed{seed}")
     done_path = os.path.join(run_dir, "done.json")
     done = read_done(done_path)
-    flags = defining_flags(method, seed, args)
+    flags, files = defining_flags(method, seed, args), defining_files(args)
     recorded = without(done.get("flags") or [], ("--run-dir",)) if done is not None else None
-    if done is not None and (recorded == flags or not args.overwrite):  # reused: made with these flags
-        if recorded != flags:
+    same = recorded == flags and (done.get("files") or {}) == files if done is not None else False
+    if done is not None and (same or not args.overwrite):  # reused: made with these flags and files
+        if not same:
             sys.exit(f"{run_dir}: finished with the train.py flags {' '.join(done.get('flags') or ['(not recorded)'])}"
                      f", not {' '.join(flags)}: start it over with --overwrite, or choose another --out")
         return checkpoint.read_metrics(os.path.join(run_dir, "metrics.jsonl"))
@@ -322,7 +319,7 @@ def run_one(method, seed, args):
                  f"that message says is dealt with, the same command resumes it (or --overwrite starts it over)")
     print(f"finished {method} seed {seed}", flush=True)
     checkpoint.write_json(done_path, {"method": method, "seed": seed, "steps": args.steps, "flags": flags,
-                                      "machine": machine()})
+                                      "machine": machine(), **({"files": files} if files else {})})
     if not args.keep_checkpoints:  # done.json first: a kill between the two leaves a finished run, not a lost one
         for d in ("checkpoint", "checkpoint.prev", "checkpoint.tmp"):  # 3 GB a SmolLM2 run: 55 of them fill a disk
             shutil.rmtree(os.path.join(run_dir, d), ignore_errors=True)
@@ -466,16 +463,17 @@ def main(argv=None):
     p.add_argument("train_args", nargs="*", help="more train.py flags, after --, e.g. -- --lr 1e-4")
     args = p.parse_args(argv)
     if args.rules_file:  # before the names are checked: its rules are methods, its knobs flags
+        args.rules_file = rules_path(args.rules_file)  # by its file, as every run loads it
         try:
             methods.load_rules(args.rules_file)
         except ValueError as e:
             p.error(str(e))
-        args.rules_file = rules_path(args.rules_file)
     chosen, seeds = split_methods(args.methods), parse_seeds(p, args.seeds)
     for m in chosen:  # a wrong name or variant fails now, not after the first runs
         try:
             if variant(m)[0] not in methods.names():
-                raise ValueError(f"unknown method {variant(m)[0]!r} (choose from {', '.join(methods.names())}, or a "
+                raise ValueError(f"unknown method {variant(m)[0]!r} (choose from {', '.join(methods.names())}, or "
+                                 f"a "
                                  f"variant METHOD[flag=value,...])")
         except ValueError as e:
             p.error(f"--methods: {e}")
@@ -528,22 +526,28 @@ def main(argv=None):
             last = max(os.listdir(maps), key=lambda f: int(f[4:-5]))  # stepN.html
             shutil.copy(os.path.join(maps, last), os.path.join(args.out, "heatmaps", f"{run_name(m)}.html"))
     md = table(results)
-    if len(chosen) > 1:
+    verdict, failed = "", None
+    if len(chosen) > 1:  # every method against the first one, paired by seed, only the runs of this command
+        try:
+            verdict = paired.write(args.out, baseline=chosen[0], only={(m, s) for m in chosen for s in seeds})
+        except (ValueError, OSError) as e:
+            verdict, failed = getattr(e, "table", ""), f"tools.paired: {e}"
+    if os.path.isfile(os.path.join(args.out, "paired.md")) and verdict and not failed:
         drawn += ["paired_diffs.png", "paired_curves.png"]
     pictures = "".join(f"- `{name}`: {what}\n" for name, what in PICTURES if name in drawn)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(f"`python -m tools.compare --dataset {args.dataset} --methods \"{args.methods}\" --seeds {args.seeds} "
                 f"--steps {args.steps} --eval-every {args.eval_every}"
                 f"{f' --rules-file {args.rules_file}' if args.rules_file else ''}{' -- ' * bool(args.train_args)}"
-                f"{' '.join(args.train_args)}`\n\n" + md + "\nThe verdict, against the first method: paired.md "
-                f"(tools/paired.py).\n\nThe pictures, the answer first:\n" + pictures)
+                f"{' '.join(args.train_args)}`\n\n" + md
+                + ("\nThe verdict, against the first method: paired.md (tools/paired.py).\n" if "paired_diffs.png" in
+                   drawn else "\nNo paired verdict (no pair of runs with evaluations to compare).\n" if
+                   len(chosen) > 1 else "")
+                + "\nThe pictures, the answer first:\n" + pictures)
     print(md)
-    if len(chosen) > 1:  # every method against the first one, paired by seed, only the runs of this command
-        try:
-            print(paired.write(args.out, baseline=chosen[0], only={(m, s) for m in chosen for s in seeds}))
-        except (ValueError, OSError) as e:
-            print(getattr(e, "table", ""))
-            sys.exit(f"tools.paired: {e}")
+    print(verdict)
+    if failed:
+        sys.exit(failed)
     lock.close()
     return results
 

@@ -44,6 +44,24 @@ MARGIN = 0.03  # docs/LOG.md 2026-11-28: the smallest mean difference that count
 SHARED = 0.8  # a run whose median time_cpu_share (logbook.step_record) is below this shared its machine with other work
 
 
+def variant(name: str, own_flags: tuple = ()):
+    """'ktae[ktae-alpha=0,ktae-no-tf]' -> ('ktae', ['--ktae-alpha', '0', '--ktae-no-tf']); 'ktae' -> ('ktae', []).
+    A refusal is ValueError(one line); own_flags: flags a variant may not set (tools.compare's own)."""
+    method, bracket, inner = name.partition("[")
+    if not bracket:
+        return name, []
+    if not inner.endswith("]") or "[" in inner or not inner[:-1].strip():
+        raise ValueError(f"{name}: a variant is METHOD[flag=value,...] with at least one flag, e.g. ktae[ktae-alpha=0]")
+    flags = []
+    for item in inner[:-1].split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        flag = "--" + key.lstrip("-")
+        if flag in own_flags:
+            raise ValueError(f"{name}: {flag} is set by compare.py for every run (use compare.py's own flag)")
+        flags += [flag, value] if eq else [flag]
+    return method, flags
+
+
 def evals(recs: list) -> dict:
     """{step: greedy held-out accuracy} of a run's records."""
     return {r["step"]: r["eval_accuracy"] for r in recs if "eval_accuracy" in r}
@@ -67,6 +85,8 @@ def accuracy_within(recs: list, seconds: float) -> float:
     points = sorted((spent.get(s, math.inf), a) for s, a in acc.items())
     before = [p for p in points if p[0] <= seconds * (1 + 1e-9)]
     after = [p for p in points if p[0] > seconds * (1 + 1e-9) and p[0] < math.inf]
+    if not before:  # no evaluation by then (none at step 0: --no-final-eval): no reading, not a guess
+        return math.nan
     if not after:
         return before[-1][1]
     (t0, a0), (t1, a1) = before[-1], after[0]
@@ -155,8 +175,13 @@ def disagrees(done: dict, settings) -> str:
         at = flags.index("--dataset") + 2
         if at < len(flags) and flags[at] == "--run-dir":  # compare.py before 2026-11-29 recorded it
             at += 2
-        if flags[at:at + len(after)] != after:
-            return f"made with the train.py flags {' '.join(flags[at:]) or '(none)'}, not the folder's {' '.join(after)}"
+        try:
+            own = variant(done["method"])[1]
+        except ValueError:
+            own = []
+        if flags[at:] != after + own:  # the folder's flags after --, then the variant's own, and nothing else
+            return (f"made with the train.py flags {' '.join(flags[at:]) or '(none)'}, not the folder's "
+                    f"{' '.join(after + own) or '(none)'}")
     return None
 
 
@@ -328,7 +353,8 @@ def plot(out: str, runs: dict, rows_: list, baseline: str):
     import matplotlib.pyplot as plt
     n = len(rows_)
     cols = min(4, max(1, n))
-    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(max(3.2 * cols, 7), 2.6 * ((n + cols - 1) // cols) + 0.5),
+    rows_of_panels = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows_of_panels, cols, figsize=(max(3.2 * cols, 7), 2.6 * rows_of_panels + 0.5),
                              sharex=True, sharey=True, squeeze=False)
     for ax, r in zip(axes.flat, rows_):
         for name, colour in ((baseline, "0.45"), (r["method"], "C0" if verdict(*r["d_step"][:3]) != "better"
@@ -403,6 +429,12 @@ class Unwritable(OSError):
         self.table = table_
 
 
+def paired_names(outs: list) -> set:
+    """The methods of the finished runs in outs, as done.json names them."""
+    return {d["method"] for out in outs for name in os.listdir(out)
+            if isinstance(d := checkpoint.read_json(os.path.join(out, name, "done.json")), dict) and "method" in d}
+
+
 def main(argv=None):
     p = cli.Parser(description=__doc__.split("\n")[0])
     p.add_argument("out", nargs="+", help="a tools.compare folder; or several, one comparison's runs on several "
@@ -425,8 +457,9 @@ def main(argv=None):
     except ValueError as e:
         p.error(str(e))
     if not md:
+        found = sorted(paired_names(args.out))
         p.error(f"{' '.join(args.out)}: no finished run of --baseline {args.baseline} with another method on its "
-                f"seed")
+                f"seed (its methods: {', '.join(found) or 'none'})")
     print(md)
 
 
