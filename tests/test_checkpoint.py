@@ -590,7 +590,7 @@ def test_degenerate_runs_are_warned_about():
 @pytest.mark.parametrize("flags, named", [
     (["--group-size", "1"], "--group-size 1"), (["--group-size", "0"], "--group-size 0"),
     (["--max-new-tokens", "0"], "--max-new-tokens 0"), (["--micro-batch-size", "0"], "--micro-batch-size 0"),
-    (["--prompts-per-step", "0"], "--prompts-per-step 0"), (["--oar-q", "2"], "--oar-q 2.0"),
+    (["--prompts-per-step", "0"], "--prompts-per-step 0"), (["--method", "oar-p", "--oar-q", "2"], "--oar-q 2.0"),
     (["--method", "ktae", "--ktae-alpha", "0", "--ktae-beta", "0"], "--ktae-alpha 0 --ktae-beta 0"),
     (["--lr", "nan"], "--lr: nan: not a finite number"), (["--temperature", "0"], "--temperature 0.0"),
     (["--mu", "0"], "--mu 0"),

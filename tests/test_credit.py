@@ -132,8 +132,8 @@ def test_entropy_mask_equals_trls_on_the_same_tensors():
 
 def test_the_chain_task_is_a_dataset_and_the_share_is_checked(capsys):
     with pytest.raises(SystemExit):
-        training.parse_args(["--top-entropy-quantile", "0"])
-    assert "--top-entropy-quantile 0" in capsys.readouterr().err
+        training.parse_args(["--method", "entropy", "--top-entropy-quantile", "0"])
+    assert "--top-entropy-quantile 0.0: E1's share of tokens must lie in (0, 1]" in capsys.readouterr().err
     chain = training.parse_args(["--dataset", "chain"])  # its own budget, held-out set and cue (data.DATASETS)
     assert (chain.max_new_tokens, chain.eval_dataset) == (128, "chain")
     assert training.parse_args([]).max_new_tokens == 48

@@ -24,6 +24,7 @@ import torch
 from config import training
 import data
 import ktae
+import methods
 import reward
 import sample
 import train
@@ -98,7 +99,8 @@ def test_one_rl_step_of_every_method(smol, monkeypatch, tmp_path, method):
     train.main(["--model", "smollm2-135m", "--dataset", "arith", "--method", method, "--steps", "1",
                 "--prompts-per-step", "2", "--group-size", "4", "--max-new-tokens", str(NEW_TOKENS),
                 "--temperature", "0.5", "--lr", "1e-5", "--eval-limit", "2", "--eval-batch-size", "2",
-                "--oar-chunk", "4", "--max-sampling-rounds", "1", "--run-dir", run,
+                *(["--oar-chunk", "4"] if "oar_chunk" in {k.dest for k in methods.RULES[methods.parse(method)[1]].knobs}
+                  else []), "--max-sampling-rounds", "1", "--run-dir", run,
                 *([] if whole else ["--no-final-eval", "--no-final-save"])])
     records = [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
     step = next(r for r in records if "accuracy" in r)
