@@ -92,6 +92,7 @@ def test_flags_compare_sets_itself_are_refused_after_the_separator(tmp_path, cap
     # after --, flags that change nothing, one run under two spellings, a base that does not exist
     (["--methods", "ktae[ktae-alpha=0"], "ktae[ktae-alpha=0: a variant is METHOD[flag=value,...]"),
     (["--methods", "ktae[seed=3]"], "ktae[seed=3]: --seed is set by compare.py for every run"),
+    (["--methods", "ktae[ktae-no-tf=1]"], "ktae[ktae-no-tf=1]: ktae-no-tf is a switch: give it without =value"),
     (["--methods", "ktae[bogus=1]"], "refuses the flags of ktae[bogus=1] seed 0: unrecognized arguments: --bogus 1"),
     (["--methods", "grpo[ktae-alpha=0]"], "--ktae-alpha 0.0: a flag of ktae, which --method grpo does not use"),
     (["--methods", "ktae[ktae-alpha=0]", "--", "--ktae-alpha", "0.5"], "--ktae-alpha is also given after --"),

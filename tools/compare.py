@@ -102,6 +102,12 @@ def check_train_flags(p, chosen, seeds, args):
             name, own = variant(method)
         except ValueError as e:
             p.error(f"--methods: {e}")
+        switches = {o for a in training.parser()._actions if a.nargs == 0 for o in a.option_strings}
+        given = [w for w in method.partition("[")[2].rstrip("]").split(",") if "=" in w]
+        valued = [w for w in given if "--" + w.split("=")[0].strip().lstrip("-") in switches]
+        if valued:  # argparse would say "unrecognized arguments: 1" of the value alone
+            p.error(f"--methods: {method}: {valued[0].split('=')[0].strip()} is a switch: give it without =value "
+                    f"(or its --no- form, where it has one)")
         shared_flags = {f.split("=")[0] for f in args.train_args if f.startswith("--")}
         twice = [f for f in own if f.startswith("--") and f in shared_flags]
         if twice:
