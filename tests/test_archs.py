@@ -19,6 +19,7 @@ import torch
 from transformers import (Gemma2Config, Gemma2ForCausalLM, GPT2Config, GPT2LMHeadModel, Phi3Config, Phi3ForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM)
 
+import methods
 import oar
 import reward
 import sample
@@ -196,7 +197,9 @@ def test_one_rl_step(model_dirs, monkeypatch, tmp_path, arch, method):
     run_dir = tmp_path / "run"
     train.main(["--model", model_dirs[arch], "--method", method, "--steps", "1", "--prompts-per-step", "2",
                 "--group-size", "4", "--max-new-tokens", "16", "--eval-limit", "4", "--threads", "1",
-                "--oar-cue", "\\boxed{", "--run-dir", str(run_dir)])
+                *(["--oar-cue", "\\boxed{"] if "oar_cue" in {
+                    k.dest for k in methods.RULES[methods.parse(method)[1]].knobs} else []),  # OAR's knob, OAR's alone
+                "--run-dir", str(run_dir)])
     step = next(r for r in map(json.loads, open(run_dir / "metrics.jsonl")) if "reward_mean" in r)
     assert 0 < step["accuracy"] < 1 and step["nonfinite_updates"] == 0  # right and wrong rollouts
     assert step["grad_norm"] > 0  # an update with a gradient ran: the loss reached the weights
