@@ -622,7 +622,7 @@ def load_rules(spec: str, flag: str = "--rules-file") -> list:
     if not added:
         raise ValueError(f"{flag} {spec}: adds no rule (it should end with methods.RULES[\"name\"] = "
                          f"methods.Rule(function), README.md \"Adding a token rule\")")
-    patched = [name for name, f in _equation_functions().items() if equations.get(name) is not f]
+    patched = [name for name, f in _equation_functions().items() if name in equations and equations[name] is not f]
     taken = [k.flag for n in added for k in RULES[n].knobs if k.dest in knobs_before and k is not knobs_before[
         k.dest][0]]
     if patched or taken:
