@@ -351,7 +351,7 @@ def test_a_variant_runs_beside_its_original_under_its_own_name(tmp_path, monkeyp
     # paired against the first method by its name: differences 0, 0.05, 0.10: mean 0.05, sd 0.05, se 0.02887,
     # t(2) 4.303: +- 0.1242; detectable (4.303 + 1.061) * 0.02887 = 0.1549
     row = [x for x in open(out / "paired.md") if x.startswith("| ktae[ktae-alpha=0,ktae-no-tf] | 3 |")][0]
-    assert "| +0.050 [-0.074, +0.174] | +-0.155 | no difference detected |" in row
+    assert "| +0.050 [-0.074, +0.174] | +-0.155 | not detectable at this size |" in row
     assert "`ktae[ktae-alpha=0,ktae-no-tf]`" not in open(out / "results.md").read()  # a row, not a code name
     assert "| ktae[ktae-alpha=0,ktae-no-tf] | 3 |" in open(out / "results.md").read()
 

@@ -21,7 +21,7 @@ def test_interval_by_hand():
     # verdict is not "worse" on a zero-width one
     mean, low, high = paired.interval([-34 / 128, -34 / 128])
     assert mean == -34 / 128 and math.isnan(low) and math.isnan(high)
-    assert paired.verdict(mean, low, high) == "no difference detected"
+    assert paired.verdict(mean, low, high) == "not detectable at this size"
 
 
 def test_detectable_difference_by_hand():
@@ -73,7 +73,7 @@ def test_paired_rows_by_hand(tmp_path):
     # slow - grpo at step 2: [0.1, 0.1, 0.2], mean 0.1333, sd 0.0577, se 0.0333, +- 0.1434: lower end -0.0101
     s = rows["slow"]
     assert s["d_step"] == pytest.approx((0.13333, 0.13333 - 0.14343, 0.13333 + 0.14343), abs=1e-4)
-    assert paired.verdict(*s["d_step"][:3]) == "no difference detected"
+    assert paired.verdict(*s["d_step"][:3]) == "not detectable at this size"
     # its detectable difference: (4.303 + 1.061) * 0.0577 / sqrt 3 = 0.1787; ktae's: 0.03097 (above)
     assert s["mdd_step"] == pytest.approx(0.1787, abs=1e-3) and k["mdd_step"] == pytest.approx(0.03097, abs=1e-4)
     # grpo's 2 steps took 2 s; slow reached only step 1 by then (0.25): 0.25 - [0.5, 0.4, 0.6] = mean -0.25
@@ -83,9 +83,9 @@ def test_paired_rows_by_hand(tmp_path):
     assert (s["length"], s["base_length"], s["base_minutes"]) == pytest.approx((32.0, 30.0, 2 / 60))
     assert k["reach"] == [2, 2, 2] and s["reach"] == [2, 2, 2] and rows["slow"]["step"] == 2
     assert s["base_reach"] == [2, None, 2]  # grpo's seed 1 ends at 0.4
-    assert paired.verdict(0.02, 0.001, 0.04) == "no difference detected"  # above 0 but under the margin
+    assert paired.verdict(0.02, 0.001, 0.04) == "not detectable at this size"  # above 0 but under the margin
     line = next(x for x in paired.table([s], "grpo", 0.5).splitlines() if x.startswith("| slow"))
-    assert "| +-0.179 | no difference detected |" in line and "| 0.1 / 0.0 |" in line
+    assert "| +-0.179 | not detectable at this size |" in line and "| 0.1 / 0.0 |" in line
     assert "| 2, 2, 2 / 2, none, 2 |" in line and "| 32.0 / 30.0 |" in line
     # a method whose runs timed no step: equal steps as before (0.6 - 0.5 etc.), no wall-clock reading and no minutes
     # (not 0 seconds, which would compare grpo's last evaluation with its step 0)
@@ -98,8 +98,8 @@ def test_paired_rows_by_hand(tmp_path):
     line = next(x for x in paired.table([u], "grpo", 0.5).splitlines() if x.startswith("| untimed"))
     assert line.split("|")[7:10] == [" n/a ", " n/a ", " n/a "] and line.split("|")[11] == " n/a / n/a "
     assert paired.verdict(-0.123, -0.195, -0.050) == "worse"  # the whole interval below 0, the mean below -0.03
-    assert paired.verdict(-0.031, -0.069, 0.007) == "no difference detected"  # the interval holds 0
-    assert paired.verdict(-0.02, -0.03, -0.01) == "no difference detected"  # below 0, but within the margin
+    assert paired.verdict(-0.031, -0.069, 0.007) == "not detectable at this size"  # the interval holds 0
+    assert paired.verdict(-0.02, -0.03, -0.01) == "not detectable at this size"  # below 0, but within the margin
 
 
 def test_a_shared_machine_marks_the_minutes(tmp_path):

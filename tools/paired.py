@@ -219,14 +219,14 @@ def spearman(x: list, y: list) -> float:
 def verdict(mean: float, low: float, high: float) -> str:
     """Three words, one margin both ways: "better" where the interval lies above 0 and the mean is at least +MARGIN
     (the criterion stated before issue 62's runs), "worse" where it lies below 0 and the mean is at most -MARGIN,
-    else "no difference detected" (which is not "no difference": see the smallest detectable one beside it)."""
+    else "not detectable at this size" (which is not "no difference": see the smallest detectable one beside it)."""
     if mean != mean:  # no reading (a run with no step timed has no wall-clock)
         return "n/a"
     if low > 0 and mean >= MARGIN:
         return "better"
     if high < 0 and mean <= -MARGIN:
         return "worse"
-    return "no difference detected"
+    return "not detectable at this size"
 
 
 def cpu_share(recs: list):
@@ -298,7 +298,7 @@ def table(rows_: list, baseline: str, threshold: float) -> str:
     lines = [f"Each method against `{b}`, paired by seed (the same problems, the same machine). A difference is the "
              f"mean over seeds of (method - {b}) in greedy held-out accuracy, [its 95 % t-interval]. Verdict: "
              f"**better** = the interval above 0 and the mean at least +{MARGIN}; **worse** = the interval below 0 "
-             f"and the mean at most -{MARGIN}; else **no difference detected**. Detectable: the smallest true "
+             f"and the mean at most -{MARGIN}; else **not detectable at this size**. Detectable: the smallest true "
              f"difference these seeds would find 80 % of the time (infra/stats.py): a smaller one may be there "
              f"unseen. Equal steps: both read at the last evaluation. {b}'s wall-clock: the method read when it had "
              f"spent {b}'s time in steps (each run's median step time x steps, robust to a machine paused or shared "
