@@ -56,11 +56,6 @@ class Dataset:
     prompt_tokens: int = 512  # the prompt length --dry-run plans for
     held_out: str = "math500"  # the held-out set when --eval-dataset is not given
     reference: Callable = None  # (row) -> the benchmark's own reference answer, for `data.py --check`
-    # RLSD's privileged context (rlsd.py L1): the question as the teacher reads it, the gold answer beside it. Every
-    # set made of a question and a final answer gives the answer alone (the paper's "reference answer"); GSM8K's and
-    # MATH's worked solutions are not kept by load(), and would tell the teacher more than the answer
-    hint: str = "{question}\n\nThe reference answer is {answer}."
-
     @property
     def made_here(self) -> bool:
         return self.world is not None or self.make is not None
@@ -71,12 +66,14 @@ class Dataset:
             return self.world.prompt(problem["question"])
         return build_prompt(tokenizer, problem["question"], problem.get("shots", ()))
 
-    def teacher_prompt(self, tokenizer, problem: dict) -> str:
-        """RLSD's teacher's prompt (rlsd.py L1): the prompt with the gold answer as privileged context, the world's
-        own ("Q:7+8-9=?\\boxed{6}\\nA:"), else the hint in the question's place of the chat template."""
+    def teacher_prompt(self, tokenizer, problem: dict, wording: str) -> str:
+        """A teacher's prompt (RLSD's L1, SDPG's P2): the problem with its gold answer as privileged context. The
+        method owns the wording (a format string of {question} and {answer}), the dataset how a prompt is put: the
+        tiny world's own characters ("Q:7+8-9=?\\boxed{6}\\nA:", whatever the wording: its model reads no English),
+        else the worded question in the question's place of the chat template."""
         if self.world is not None:
             return self.world.teacher_prompt(problem["question"], problem["answer"])
-        question = self.hint.format(question=problem["question"], answer=problem["answer"])
+        question = wording.format(question=problem["question"], answer=problem["answer"])
         return build_prompt(tokenizer, question, problem.get("shots", ()))
 
 

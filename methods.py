@@ -97,6 +97,7 @@ class Context:
     tokenizer: object
     problems: list  # the B problems of the batch, in group order
     pieces: dict = field(default_factory=dict)  # token id -> its decoded text (OAR's spans)
+    step: int = 0  # optimiser steps done before this batch's (RLSD's schedule)
 
 
 def sequence_advantages(rewards: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -290,7 +291,7 @@ def self_distilled(batch, rewards, mask, ctx) -> TokenAdvantages:
     log-probs were. The heat maps' values: the evidence delta (L2)."""
     a, seq = ctx.args, sequence_advantages(rewards, ctx)  # [N]
     G, ds = a.group_size, data.dataset(a.dataset)
-    prompts = [ctx.tokenizer(ds.teacher_prompt(ctx.tokenizer, q))["input_ids"] for q in ctx.problems]
+    prompts = [ctx.tokenizer(ds.teacher_prompt(ctx.tokenizer, q, rlsd.HINT))["input_ids"] for q in ctx.problems]
     rows = (seq != 0).nonzero().flatten()  # [n] a rollout of A_i = 0 has nothing to weigh
     delta = torch.zeros_like(mask, dtype=torch.float)  # [N, T]
     if len(rows):

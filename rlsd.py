@@ -21,6 +21,9 @@ import torch
 
 import sample
 
+# L1's privileged context, worded as data.Dataset.teacher_prompt takes it (the tiny world keeps its own form)
+HINT = "{question}\n\nThe reference answer is {answer}."
+
 
 def teacher_logprobs(model, batch: dict, teacher_prompts: list, rows: torch.Tensor, pad_id: int,
                      temperature: float, chunk: int, group_size: int) -> torch.Tensor:

@@ -93,7 +93,8 @@ def loop(run):
 
         # ---- 3. advantage: A_{i,t} from the token rule of --method (methods.py) ----------------------------------
         t0 = time.time()
-        adv = rule.advantages(batch, rewards, mask, methods.Context(args, run.model, run.tokenizer, qs, run.pieces))
+        ctx = methods.Context(args, run.model, run.tokenizer, qs, run.pieces, step)
+        adv = rule.advantages(batch, rewards, mask, ctx)
         t_advantage = time.time() - t0
         ref_logp = reference_logprobs(args, run, batch)  # [N, T] G4's reference (beta > 0), else None
         run.peaks.end("advantage")

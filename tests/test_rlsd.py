@@ -43,12 +43,12 @@ def test_l4_the_advantage_scaled_never_flipped_and_the_losss_gradient():
 
 def test_each_datasets_teacher_reads_the_gold_answer():
     q = {"question": "7+8-9", "answer": "6"}
-    assert data.dataset("tiny").teacher_prompt(None, q) == "Q:7+8-9=?\\boxed{6}\nA:"
-    assert data.dataset("chain").teacher_prompt(None, q) == "Q:7+8-9=?\\boxed{6}\nA:"
+    assert data.dataset("tiny").teacher_prompt(None, q, rlsd.HINT) == "Q:7+8-9=?\\boxed{6}\nA:"
+    assert data.dataset("chain").teacher_prompt(None, q, rlsd.HINT) == "Q:7+8-9=?\\boxed{6}\nA:"
 
     class Plain:  # a tokenizer without a chat template: the question, then the papers' instruction
         chat_template = None
-    got = data.dataset("gsm8k").teacher_prompt(Plain(), {"question": "How many?", "answer": "42"})
+    got = data.dataset("gsm8k").teacher_prompt(Plain(), {"question": "How many?", "answer": "42"}, rlsd.HINT)
     assert got == f"How many?\n\nThe reference answer is 42.\n{data.INSTRUCTION}\n"
 
 
