@@ -110,8 +110,10 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, max_new_tokens: in
 
 
 def policy_loss(logp, old_logp, adv, mask, *, eps_low=0.2, eps_high=None, dual_clip=None, beta=0.0, ref_logp=None,
-                agg="seq-mean-token-mean", max_new_tokens=None, n_seqs=None, n_tokens=None):
-    """G2-G5 together: loss = -aggregate( L_{i,t} - beta * KL_{i,t} ). All tensors [N, T]; adv is per token.
+                agg="seq-mean-token-mean", max_new_tokens=None, n_seqs=None, n_tokens=None, extra=None):
+    """G2-G5 together: loss = -aggregate( L_{i,t} - beta * KL_{i,t} ) + aggregate(extra). All tensors [N, T]; adv
+    is per token; extra (optional) a method's own loss per token (methods.TERMS: SDPG's P2-P3), aggregated as the
+    surrogate is and logged as loss_term.
 
     Returns the loss (a scalar to backpropagate) and detached statistics: the policy term, the KL term and
     the clip fractions, each aggregated the same way, so that a micro-batch's values also add up. With dual_clip
@@ -127,6 +129,8 @@ def policy_loss(logp, old_logp, adv, mask, *, eps_low=0.2, eps_high=None, dual_c
     if beta > 0:
         kl = aggregate(kl_k3(logp, ref_logp), mask, **agg_kw)
         objective = objective - beta * kl
+    if extra is not None:
+        objective = objective - aggregate(extra, mask, **agg_kw)
     stats = {
         "policy_term": aggregate(L.detach(), mask, **agg_kw).item(),
         "kl": kl.item(),
@@ -134,6 +138,8 @@ def policy_loss(logp, old_logp, adv, mask, *, eps_low=0.2, eps_high=None, dual_c
         "clip_low": aggregate(clip_low.float(), mask, "token-mean", n_tokens=n_tokens).item(),
         "clip_high": aggregate(clip_high.float(), mask, "token-mean", n_tokens=n_tokens).item(),
     }
+    if extra is not None:
+        stats["loss_term"] = aggregate(extra.detach(), mask, **agg_kw).item()
     if dual_clip is not None:
         stats["clip_dual"] = aggregate(dual_clip_active(rho.detach(), adv, dual_clip).float(), mask, "token-mean",
                                        n_tokens=n_tokens).item()

@@ -1,5 +1,5 @@
-"""What `--method` means: a base (grpo, dapo) and a token rule (none, ktae, oar-p, oar-g, grail, entropy, shear,
-rlsd), each from one table.
+"""What `--method` means: a base (grpo, dapo), a token rule (none, ktae, oar-p, oar-g, grail, entropy, shear, rlsd,
+surprisal) and a loss term (sdpg, or none), each from one table.
 
     --method grpo        = grpo + none       (G1 broadcast to every token)
     --method dapo        = dapo + none       (DAPO's preset flags, D1-D4)
@@ -11,7 +11,9 @@ rlsd), each from one table.
     --method entropy     = grpo + entropy    (E1: only the top 20 % of the batch's tokens by entropy learn)
     --method shear       = grpo + shear      (S5 with S3's span Wasserstein distances of the hidden states)
     --method rlsd        = grpo + rlsd       (L4 with L3's teacher evidence: the model shown the gold answer)
-    and any other BASE+RULE, e.g. dapo+oar-g.
+    --method surprisal   = grpo + surprisal  (U1: a wrong rollout's advantage spread by its tokens' surprisal)
+    --method sdpg        = dapo + sdpg term  (P4: the full-vocabulary KL to the model shown the answer, P3)
+    and any other BASE+RULE+TERM, e.g. dapo+oar-g, grpo+sdpg.
 
 A base is a set of flag defaults (any flag given on the command line wins) and D4's length share. A token rule is
 one function with one signature, as verl registers its advantage estimators by name:
@@ -29,7 +31,10 @@ every flag, log and checkpoint of the others (README.md, "Adding a token rule", 
 run). A Rule also owns everything else about itself: its flag defaults, its checks, its heat map, where it puts
 the blame for a wrong answer (toyworld/credit.py measures that against the first error the synthetic tasks know;
 without one every token is blamed alike, as in GRPO), and what TRL needs to know of it (scaling/trl_grpo.py).
-No other module tests a method's or a rule's name.
+A loss term (TERMS, LossTerm) adds its own loss to the surrogate's, one value per token aggregated as it is (G5):
+SDPG's self-distillation. It reads one micro-batch of the update (Piece: the policy's last hidden states, its log-probs,
+the reference's) and returns the per-token loss; train.update adds it. No other module tests a method's, a rule's or a
+term's name.
 """
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -45,10 +50,11 @@ import ktae
 import oar
 import rlsd
 import sample
+import sdpg
 import surprisal
 import shear
 from config.shared import number
-from infra import models
+from infra import memory, models
 from infra.plots import NOTE, SATURATED  # the two kinds of flag in TokenAdvantages.terms, as the heat maps read them
 
 @dataclass(frozen=True)
@@ -501,31 +507,134 @@ RULES = {
                       heatmap=lambda adv, batch, mask, args: HeatMap("surprisal", "surprisal weights", 1.0, 1.0)),
 }
 
+# ---- loss terms: what a method adds to the surrogate's loss, one value per token (SDPG's self-distillation) -------
+class Piece(NamedTuple):
+    """One micro-batch of the update as a loss term reads it (train.update): rows [n] of the batch, each cut at t
+    tokens; the policy's last hidden states before its output layer [n, t, H] (with their gradient: the states that
+    predict each response token), its log-probs of the sampled tokens [n, t] (with gradient), the sampler's and the
+    reference's (None unless LossTerm.reference) [n, t], the advantages and the loss mask [n, t]."""
+    model: torch.nn.Module
+    rows: torch.Tensor
+    t: int
+    hidden: torch.Tensor
+    logp: torch.Tensor
+    old_logp: torch.Tensor
+    ref_logp: Optional[torch.Tensor]
+    adv: torch.Tensor
+    mask: torch.Tensor
+    batch: dict
+
+
+@dataclass
+class LossTerm:
+    """A loss a method adds to the surrogate's (G3), per token and aggregated as it is (G5): the one extension point
+    for KL-type terms (SDPG's P2-P3; a reference KL, an entropy bonus). --method BASE+RULE+TERM runs it."""
+    # (piece: Piece, prepared, args, step) -> (loss [n, t] per token, {name: float} logged (each a token mean));
+    # step counts from 1 at the first update; prepared: what prepare returned for this step
+    per_token: Callable
+    prepare: Callable = lambda batch, ctx: None  # once a step, before the update: what per_token reads each time
+    knobs: tuple = ()
+    flags: dict = field(default_factory=dict)  # surrogate flag defaults over the base's (a flag given wins)
+    base: str = "grpo"  # the base of the term's short name (--method sdpg)
+    reference: Callable = lambda args: False  # (args) -> whether per_token reads log pi_ref (a reference is loaded)
+    check: Callable = None  # (args) -> why the settings are refused, or None
+    memory: str = None  # what the memory plan counts of it: "full-vocabulary KL" (a teacher forward, KL chunks)
+
+
+def _sdpg_prepare(batch, ctx):
+    """P2's teacher prompts, one per rollout (the dataset's teacher_prompt in SDPG's wording), token ids."""
+    G, ds = ctx.args.group_size, data.dataset(ctx.args.dataset)
+    prompts = [ctx.tokenizer(ds.teacher_prompt(ctx.tokenizer, q, sdpg.HINT))["input_ids"] for q in ctx.problems]
+    return {"prompts": [prompts[i // G] for i in range(len(batch["input_ids"]))], "pad_id": ctx.tokenizer.pad_token_id}
+
+
+def _sdpg_per_token(piece: Piece, prepared: dict, args, step: int):
+    """P2-P4 on one micro-batch: the teacher's hidden states (the same model reading the privileged prompt, no
+    gradient), the full-vocabulary KL chunk by chunk, the regulariser against the reference, beta's schedule."""
+    P, resp = piece.batch["prompt_len"], piece.rows.tolist()
+    ids = piece.batch["input_ids"][piece.rows, P:P + piece.t]  # [n, t]
+    attn = piece.batch["attention_mask"][piece.rows, P:P + piece.t]  # [n, t]
+    teacher = sdpg.teacher_hidden(piece.model, [prepared["prompts"][i] for i in resp], ids, attn,
+                                  prepared["pad_id"])  # [n, t, H]
+    head = piece.model.get_output_embeddings()
+    chunk = args.sdpg_chunk or memory.logit_chunk_tokens(head.weight.shape[0])  # the output layer's own chunk
+    kl = sdpg.chunked_token_kl(head, piece.hidden, teacher, args.temperature, chunk)  # [n, t] P2
+    reg = (sdpg.regulariser(piece.logp.float(), piece.ref_logp.float(), args.sdpg_alpha, args.sdpg_mode)
+           if args.sdpg_alpha > 0 else torch.zeros_like(kl))  # [n, t] P3
+    beta = sdpg.beta_at(step, args.sdpg_beta, args.sdpg_beta_warmup, args.sdpg_beta_decay, args.steps)
+    values = sdpg.per_token(kl, reg, piece.adv, beta, args.sdpg_positive_only)  # [n, t] P4
+    m = piece.mask.float()  # [n, t]
+    n = m.sum().clamp(min=1)
+    return values, {"sdpg_kl": float((kl.detach() * m).sum() / n),
+                    "sdpg_regulariser": float((reg.detach() * m).sum() / n), "sdpg_beta": beta}
+
+
+SDPG_KNOBS = (
+    Knob("--sdpg-beta", 1e-3, "P2: the weight of the full-vocabulary KL to the teacher (the released scripts' 1e-3; "
+                              "its code's default 1e-4)", number, check=at_least(0)),
+    Knob("--sdpg-alpha", 1e-3, "P3: the weight of the regulariser against the reference (0: no reference loaded)",
+         number, check=at_least(0)),
+    Knob("--sdpg-mode", "urkl", "P3: the regulariser of r = log pi - log pi_ref: urkl (alpha/2) r^2, rkl "
+                                "(alpha/2)(r+1)^2, fkl alpha e^-r, ufkl alpha (e^-r + r)", str, choices=sdpg.MODES),
+    Knob("--sdpg-beta-warmup", 0, "P4: steps over which beta rises linearly from 0 (0: none)", int, check=at_least(0)),
+    Knob("--sdpg-beta-decay", 0, "P4: the last steps over which beta falls linearly to 0 (0: none)", int,
+         check=at_least(0)),
+    Knob("--sdpg-positive-only", False, "P4: distil only where the advantage is positive"),
+    Knob("--sdpg-chunk", None, "P2: tokens a KL chunk (default: the output layer's chunk, sample.token_logprobs)",
+         int, check=at_least(1)),
+)
+
+# SDPG's released recipe is DAPO's (clip-higher, token-mean, dynamic sampling, the overlong buffer) with a dual clip
+# of 10 (verl's clip_ratio_c): `--method sdpg` is dapo+sdpg; grpo+sdpg puts the same terms on GRPO's surrogate
+TERMS = {
+    "sdpg": LossTerm(_sdpg_per_token, prepare=_sdpg_prepare, knobs=SDPG_KNOBS, flags={"dual_clip": 10.0},
+                     base="dapo", reference=lambda args: args.sdpg_alpha > 0, memory="full-vocabulary KL"),
+}
+
+
+def term_step(args, batch, ctx):
+    """The loss term of --method for this step, ready for train.update: (LossTerm, what its prepare returned), or
+    None when the method adds none."""
+    if not getattr(args, "term", None):
+        return None
+    term = TERMS[args.term]
+    return term, term.prepare(batch, ctx)
+
 
 def parse(method: str):
-    """'ktae' -> ('grpo', 'ktae'); 'dapo' -> ('dapo', 'none'); 'dapo+oar-g' -> ('dapo', 'oar-g')."""
-    base, _, rule = method.partition("+") if "+" in method else (
-        (method, "", "none") if method in BASES else ("grpo", "", method))
-    if base not in BASES or rule not in RULES:
-        raise ValueError(f"--method {method}: choose from {', '.join(names())}")
-    return base, rule
+    """--method as (base, token rule, loss term): 'ktae' -> ('grpo', 'ktae', None); 'dapo' -> ('dapo', 'none', None);
+    'dapo+oar-g' -> ('dapo', 'oar-g', None); 'sdpg' -> ('dapo', 'none', 'sdpg') (a term's own base when none is
+    named); 'grpo+ktae+sdpg' -> ('grpo', 'ktae', 'sdpg'). At most one of each, in that order."""
+    parts = method.split("+")
+    base = parts.pop(0) if parts[0] in BASES else None
+    rule = term = None
+    for part in parts:
+        if part in RULES and rule is None and term is None:
+            rule = part
+        elif part in TERMS and term is None:
+            term = part
+        else:
+            raise ValueError(f"--method {method}: choose from {', '.join(names())} (BASE+RULE+TERM, each optional)")
+    return base or (TERMS[term].base if term else "grpo"), rule or "none", term
 
 
 def short_names() -> list:
-    """The bases, then each token rule on grpo: ['grpo', 'dapo', 'ktae', 'oar-p', 'oar-g', 'entropy']."""
-    return list(BASES) + [r for r in RULES if r != "none"]
+    """The bases, then each token rule on grpo, then each loss term on its own base: ['grpo', 'dapo', 'ktae',
+    'oar-p', 'oar-g', 'grail', 'entropy', 'shear', 'rlsd', 'surprisal', 'sdpg']."""
+    return list(BASES) + [r for r in RULES if r != "none"] + list(TERMS)
 
 
 def names() -> list:
-    """Every --method: the short names first, then each BASE+RULE."""
-    return short_names() + [f"{b}+{r}" for b in BASES for r in RULES if r != "none"]
+    """Every --method listed in --help: the short names first, then each BASE+RULE and BASE+TERM (a rule and a term
+    together, BASE+RULE+TERM, are accepted but not listed)."""
+    return short_names() + [f"{b}+{r}" for b in BASES for r in list(RULES) + list(TERMS) if r != "none"]
 
 
 def knobs() -> dict:
-    """Every rule's knobs, in the table's order: {dest: (Knob, [names of the rules that read it])}."""
+    """Every rule's and loss term's knobs, in the tables' order: {dest: (Knob, [names of those that read it])}."""
     out = {}
-    for name, rule in RULES.items():
-        for k in rule.knobs:
+    for name, owner in list(RULES.items()) + list(TERMS.items()):
+        for k in owner.knobs:
             out.setdefault(k.dest, (k, []))[1].append(name)
     return out
 
@@ -535,7 +644,8 @@ def add_knobs(p):
     None: resolve_knobs can then tell a knob given from one left out."""
     groups = {}
     for k, owners in knobs().values():
-        title = f"rule{'s' * (len(owners) > 1)} {', '.join(owners)}"
+        kind = "loss term" if all(o in TERMS for o in owners) else "rule"
+        title = f"{kind}{'s' * (len(owners) > 1)} {', '.join(owners)}"
         if title not in groups:
             groups[title] = p.add_argument_group(title)
         shown = f"{k.help} (default: {k.default})" if k.default is not None and k.default is not False else k.help
@@ -550,8 +660,9 @@ def resolve_knobs(args, dataset) -> str:
     """Fill in args' knobs: a knob given wins, then the rule's defaults (for the data and the model), then the
     knob's own default. Returns why the knobs are refused (a knob of another rule given, or a value out of its
     range), else None."""
-    rule = RULES[args.rule]
-    own = {k.dest for k in rule.knobs}
+    rule, term = RULES[args.rule], TERMS.get(getattr(args, "term", None))
+    mine = rule.knobs + (term.knobs if term else ())
+    own = {k.dest for k in mine}
     for dest, (k, owners) in knobs().items():
         value = getattr(args, dest, None)
         if dest not in own and value is not None:
@@ -561,16 +672,17 @@ def resolve_knobs(args, dataset) -> str:
     for dest, (k, _) in knobs().items():
         if getattr(args, dest, None) is None:
             setattr(args, dest, defaults.get(dest, k.default))
-    for k in rule.knobs:
+    for k in mine:
         why = k.check(getattr(args, k.dest)) if k.check and getattr(args, k.dest) is not None else None
         if why:
             return f"{k.flag} {getattr(args, k.dest)}: {why}"
-    return rule.check(args) if rule.check else None
+    return (rule.check(args) if rule.check else None) or (term.check(args) if term and term.check else None)
 
 
-def owned_elsewhere(rule: str) -> set:
-    """The knobs (dests) that a run of rule does not read: a run.json repeated as a recipe leaves them out."""
-    return {dest for dest, (_, owners) in knobs().items() if rule not in owners}
+def owned_elsewhere(rule: str, term: str = None) -> set:
+    """The knobs (dests) that a run of rule (and loss term) does not read: a run.json repeated as a recipe leaves
+    them out."""
+    return {dest for dest, (_, owners) in knobs().items() if rule not in owners and term not in owners}
 
 
 # ---- a reader's own rules: --rules-file FILE (train.py, tools.compare, tools.attribution, scaling.trl_train) -------
@@ -658,7 +770,8 @@ def _equation_functions() -> dict:
     """{"ktae.direction": function, ...}: the functions of the modules the rules compute with (a rule file that
     replaced one would change the table's rules too)."""
     import sys
-    names = ("grpo", "dapo", "ktae", "oar", "grail", "entropy", "shear", "rlsd", "surprisal", "sample", "methods")
+    names = ("grpo", "dapo", "ktae", "oar", "grail", "entropy", "shear", "rlsd", "surprisal", "sdpg", "sample",
+             "methods")
     return {f"{m}.{k}": v for m in names if m in sys.modules for k, v in vars(sys.modules[m]).items()
             if callable(v) and not k.startswith("__")}
 

@@ -218,7 +218,7 @@ def generate(model, prompts: list, *, n: int = 1, max_new_tokens: int, temperatu
 
 
 def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperature: float = 1.0,
-                   chunk_tokens: int = None, groups: torch.Tensor = None, fast: bool = None):
+                   chunk_tokens: int = None, groups: torch.Tensor = None, fast: bool = None, hidden_out: list = None):
     """log pi(o_t | q, o_<t) of every response token, by a forward over prompt + response.
 
     input_ids, attention_mask: [N, P + T] as generate() returns them. Returns logp [N, T].
@@ -240,9 +240,15 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
     Prompts are shared only where fastpath.shares_prompts(model) (a plain full-attention cache). Over a vocabulary
     above fastpath.LARGE_VOCAB ids each chunk's log-softmax is fastpath.TargetLogprobs, the same numbers; fast=False
     keeps it plain.
+    hidden_out (optional): a list that receives the last hidden states [N, T, H] that the output layer reads (with their
+    gradient), for a loss term that needs the whole distribution (SDPG's KL, methods.TERMS); a model with a final
+    transform is refused then.
     """
     P, pos, decoder = prompt_len, position_ids(attention_mask), model.get_decoder()  # pos [N, P + T]
     targets = input_ids[:, P:]  # [N, T]
+    if not plain_head(model) and hidden_out is not None:
+        raise ValueError(f"{type(model).__name__}: its logits are not the output layer's alone (a final transform in "
+                         f"its config), which a full-vocabulary loss term (SDPG) reads chunk by chunk")
     if not plain_head(model):
         T = targets.shape[1]
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
@@ -264,6 +270,8 @@ def token_logprobs(model, input_ids, attention_mask, prompt_len: int, temperatur
                            past_key_values=fastpath.cache_for(kv, row_group),
                            use_cache=True).last_hidden_state  # [N, T, H]
         h = torch.cat([prompt[row_group, -1:], response[:, :-1]], dim=1)  # [N, T, H]
+    if hidden_out is not None:
+        hidden_out.append(h)  # [N, T, H]
     N, T = h.shape[:2]
     h, targets = h.reshape(N * T, -1), targets.reshape(N * T)  # [N*T, H], [N*T]
     head = model.get_output_embeddings()

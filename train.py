@@ -39,7 +39,8 @@ def main(argv=None):
     args = training.parse_args(argv)
     if args.dry_run:  # the plan needs the model's config alone: no data, no weights
         return memory.dry_run(models.load_config(args.model), args, memory.available_bytes(args.device, args.memory),
-                              data.dataset(args.dataset).prompt_tokens, methods.RULES[args.rule].memory_phase)
+                              data.dataset(args.dataset).prompt_tokens, methods.RULES[args.rule].memory_phase,
+                              methods.TERMS[args.term].memory if args.term else None)
     # what can fail without loading anything fails now, in one line, and leaves no run directory behind: the datasets
     # are found (not yet read), the model's files looked at, the run directory checked
     data.locate(args.dataset, data.train_split(args.dataset), args.data_dir, "--dataset")
@@ -96,12 +97,13 @@ def loop(run):
         ctx = methods.Context(args, run.model, run.tokenizer, qs, run.pieces, step)
         adv = rule.advantages(batch, rewards, mask, ctx)
         t_advantage = time.time() - t0
-        ref_logp = reference_logprobs(args, run, batch)  # [N, T] G4's reference (beta > 0), else None
+        ref_logp = reference_logprobs(args, run, batch)  # [N, T] the reference's (G4, a loss term), else None
         run.peaks.end("advantage")
 
         # ---- 4-5. loss and optimizer step ---------------------------------------------------------------------
         t0 = time.time()
-        stats = update(args, run.model, run.optimizer, batch, adv.tokens, mask, ref_logp, step, run.peaks)
+        term = methods.term_step(args, batch, ctx)  # a loss term beside the surrogate (SDPG's), or None
+        stats = update(args, run.model, run.optimizer, batch, adv.tokens, mask, ref_logp, step, run.peaks, term)
         run.scheduler.step()
         t_train = time.time() - t0
 
@@ -252,9 +254,9 @@ def rewards_and_mask(args, batch: dict, n_groups: int):
 
 
 def reference_logprobs(args, run: Run, batch: dict):
-    """G4's log pi_ref of every sampled token [N, T], micro-batched like the training forward; None if beta = 0.
-    Under LoRA the reference is the frozen base: the policy with its adapters switched off."""
-    if args.beta == 0:
+    """log pi_ref of every sampled token [N, T] (G4's KL, a loss term's), micro-batched like the training forward;
+    None when nothing reads it. Under LoRA the reference is the frozen base: the policy with its adapters off."""
+    if not args.reference:
         return None
     ref_model, off = (run.model, run.adapters.disable_adapter) if run.adapters else (run.ref_model, nullcontext)
     ids, attn, P, mb = batch["input_ids"], batch["attention_mask"], batch["prompt_len"], args.micro_batch_size
@@ -269,10 +271,12 @@ def reference_logprobs(args, run: Run, batch: dict):
     return ref_logp
 
 
-def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, peaks: memory.Peaks) -> dict:
+def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, peaks: memory.Peaks,
+           term=None) -> dict:
     """G2-G5: --mu optimizer updates on the batch, each accumulated over micro-batches. Returns the loss's
     statistics (means over the updates), the last gradient norm and how many updates were skipped as not finite.
-    peaks: the training pass's and the optimizer step's peak memory are read at their ends."""
+    peaks: the training pass's and the optimizer step's peak memory are read at their ends. term: the method's
+    loss term and what it prepared (methods.term_step), added to the surrogate per token, or None."""
     ids, attn, P, G, N = batch["input_ids"], batch["attention_mask"], batch["prompt_len"], args.group_size, len(adv)
     model.train()
     n_tokens = mask.sum()
@@ -280,9 +284,9 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, 
     # A_{i,t} is 0 adds exactly 0 to the loss, its gradient and its statistics (G3: rho * 0 = clip(rho) * 0 = 0);
     # it still counts in the normalisers n_seqs and n_tokens, passed in whole. In GRPO these are the groups that
     # all agree. A batch where no rollout counts makes no update (AdamW skips parameters without a gradient).
-    # With beta > 0 the KL term (G4) needs every rollout.
+    # With beta > 0 the KL term (G4) needs every rollout, and so does a loss term.
     lengths = batch["response_mask"].sum(-1)  # [N]
-    scored = (adv != 0).any(-1) | (args.beta > 0)  # [N]
+    scored = (adv != 0).any(-1) | (args.beta > 0) | (term is not None)  # [N]
     # Each micro-batch stops at its longest response: a padding column costs a full forward and backward and changes
     # nothing (its mask is 0). Rollouts of similar length waste the least; whole groups run their prompt once
     # (token_logprobs shares it). fastpath.micro_batches takes whichever order computes fewer columns.
@@ -306,19 +310,26 @@ def update(args, model, optimizer, batch: dict, adv, mask, ref_logp, step: int, 
               fastpath.sparse_embedding_grad(model, len(rows) * ids.shape[1])):
             for mb in micro_batches:  # [n] rollouts
                 t = int(lengths[mb].max())  # the micro-batch's longest response: the columns after it are padding
+                hidden = [] if term else None  # a loss term reads the states the output layer reads
                 logp = sample.token_logprobs(model, ids[mb, :P + t], attn[mb, :P + t], P, args.temperature,
-                                             groups=mb // G)  # [n, t]; a group's prompt runs once
+                                             groups=mb // G, hidden_out=hidden)  # [n, t]; a group's prompt runs once
+                extra, extra_stats = term[0].per_token(methods.Piece(
+                    model, mb, t, hidden[0], logp, batch["logprobs"][mb, :t],
+                    None if ref_logp is None else ref_logp[mb, :t], adv[mb, :t], mask[mb, :t], batch),
+                    term[1], args, step + 1) if term else (None, {})  # [n, t] per token
                 with sample.autocast(args.device, False):
                     # normalised by the whole batch's counts (G5), so the accumulated gradient is the full batch's
                     loss, st = grpo.policy_loss(
                         logp, batch["logprobs"][mb, :t], adv[mb, :t], mask[mb, :t], eps_low=args.eps_low,
                         eps_high=args.eps_high, dual_clip=args.dual_clip, beta=args.beta,
                         ref_logp=None if ref_logp is None else ref_logp[mb, :t], agg=args.agg,
-                        max_new_tokens=args.max_new_tokens, n_seqs=N, n_tokens=n_tokens)
+                        max_new_tokens=args.max_new_tokens, n_seqs=N, n_tokens=n_tokens, extra=extra)
                     loss.backward()
                 loss_sum += loss.detach()
                 for k, v in st.items():
                     stats[k] = stats.get(k, 0.0) + v / args.mu
+                for k, v in extra_stats.items():  # a token mean of the micro-batch's: weighed by its tokens
+                    stats[k] = stats.get(k, 0.0) + v * float(mask[mb].sum()) / max(float(n_tokens), 1.0) / args.mu
         peaks.end("training")
         # a NaN or infinity never reaches the weights or AdamW's moments: such an update is skipped, and counted
         stats["grad_norm"], why = guard.step(model, optimizer, args.grad_clip, loss_sum)

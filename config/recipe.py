@@ -21,7 +21,7 @@ from config.shared import Refused
 
 # what a run.json holds beside the flags that made the run: resolve()'s derived values, and the run's place and
 # mode, which a repeat does not inherit (it would land in, resume or delete the run it copies)
-DERIVED = ("base", "rule", "rules_file_sha256")
+DERIVED = ("base", "rule", "term", "reference", "rules_file_sha256")
 NOT_REPEATED = ("run_dir", "resume", "overwrite", "dry_run", "config")
 
 
@@ -40,8 +40,8 @@ def read(path: str) -> dict:
     if isinstance(values, dict) and isinstance(values.get("args"), dict) and "method" in values:  # a run.json
         # and not the knobs of rules other than its own (methods.Knob): filled in with their defaults, they would be
         # refused as given to a method that does not read them
-        foreign = methods.owned_elsewhere(values["args"]["rule"]) if values["args"].get("rule") in methods.RULES \
-            else set()
+        foreign = methods.owned_elsewhere(values["args"]["rule"], values["args"].get("term")) \
+            if values["args"].get("rule") in methods.RULES else set()
         values = {k: v for k, v in values["args"].items() if k not in DERIVED + NOT_REPEATED and k not in foreign}
     if not isinstance(values, dict):
         raise Refused(f"--config {path}: a recipe is a mapping of flags to values (key: value lines), not "
@@ -119,7 +119,7 @@ def expand(p: argparse.ArgumentParser, argv: list) -> list:
 
 
 def same_method(name: str):
-    """A --method as (base, rule) (ktae is grpo+ktae); a name methods does not know, as it is (argparse refuses it)."""
+    """A --method as (base, rule, term) (ktae is grpo+ktae); a name methods does not know, as it is (argparse refuses it)."""
     try:
         return methods.parse(name)
     except ValueError:

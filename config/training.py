@@ -179,16 +179,19 @@ def resolve(args):
     """The settings made whole, once: the presets of --method's base and token rule and of --dataset where a flag
     was not given (None), the values derived from others, then every check. Returns args; a refusal is Refused."""
     try:
-        args.base, args.rule = methods.parse(args.method)
+        args.base, args.rule, args.term = methods.parse(args.method)
     except ValueError as e:
         raise Refused(str(e)) from None
     ds, base = data.dataset(args.dataset), methods.BASES[args.base]
-    for k, v in base.flags.items():
+    term_flags = methods.TERMS[args.term].flags if args.term else {}
+    for k, v in {**base.flags, **term_flags}.items():  # a loss term's surrogate settings over its base's
         if getattr(args, k) is None:
             setattr(args, k, v)
     why = methods.resolve_knobs(args, ds)  # the rule's own flags: given, else its defaults; a foreign one refused
     if why:
         raise Refused(why)
+    # a frozen reference is loaded for G4's KL (beta > 0) and for a loss term that reads it (SDPG's P3)
+    args.reference = args.beta > 0 or bool(args.term and methods.TERMS[args.term].reference(args))
     if args.max_new_tokens is None:
         args.max_new_tokens = ds.max_new_tokens
     if args.overlong_buffer is None:  # D4's L_cache: the base's share of the length limit (dapo: a sixth), or off

@@ -160,9 +160,10 @@ def n_params(cfg) -> int:
 
 
 def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_new_tokens: int, micro_batch: int,
-                bf16: bool, grad_checkpointing: bool, beta: float, ref_on_cpu: bool, group_size: int = 1,
+                bf16: bool, grad_checkpointing: bool, reference: bool, ref_on_cpu: bool, group_size: int = 1,
                 lora_rank: int = 0, lora_targets=lora.TARGETS, oar_chunk: int = 0, oar_gradient: bool = False,
-                chunk_tokens: int = None, first_step: bool = False, forward_once: str = None):
+                chunk_tokens: int = None, first_step: bool = False, forward_once: str = None,
+                loss_term: str = None):
     """Bytes the RL step needs at its peak, phase by phase, as train.py runs it (memory.Peaks measures the same
     phases). Returns {phase: {item: bytes}}.
 
@@ -174,7 +175,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     is autocast, which holds a bf16 copy of the weights while a region lasts (train.py's: an update). Under LoRA
     the frozen base takes no gradient and no moment: with --bf16 its linear layers are held in bf16 (infra/lora.py),
     the embeddings and norms float32; a tied output layer, being the embeddings, is cast to bf16 for each product (a
-    transient copy). Under LoRA the reference (beta > 0) is the base itself.
+    transient copy). Under LoRA the reference (G4's, beta > 0, or a loss term's) is the base itself.
     Sampling: the KV cache of `gen_rollouts` rows of prompt + response tokens (2 x layers x KV heads x head dim
     each), and a few [rows, vocabulary] float32 buffers for the next-token distribution.
     Advantage (OAR only: oar_chunk rollouts a scoring forward): OAR scores in float32; OAR-G (oar_gradient) keeps
@@ -210,7 +211,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     else:
         weights = {"weights (float32)": 4 * N, **({"adapters (float32)": 4 * n["adapters"]} if lora_rank else {})}
     states = {**weights, **({} if first_step else {"AdamW moments (float32)": 8 * trains})}
-    if beta > 0 and not ref_on_cpu and not lora_rank:
+    if reference and not ref_on_cpu and not lora_rank:
         states["reference model (bf16)" if bf16 else "reference model (float32)"] = (2 if bf16 else 4) * N
     autocast = {}  # what --bf16's autocast adds while a region lasts
     if bf16 and not lora_rank:
@@ -266,22 +267,32 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
         + (" (checkpointed)" if grad_checkpointing else ""): activations,
         f"output layer, {chunk} tokens at a time": chunk * V * (3 * 4 + act),
     }
+    if loss_term == "full-vocabulary KL":  # SDPG's P2 (sdpg.chunked_token_kl): the teacher's forward without a
+        # gradient, its last hidden states kept for the micro-batch, and a chunk's two log-softmaxes and KL terms
+        seq = prompt_len + 32 + max_new_tokens  # the teacher's prompt holds the answer and a sentence more
+        plan["training forward and backward"].update({
+            f"the teacher's forward, one layer's work: {micro_batch} rows x {seq} tokens":
+                micro_batch * seq * per_layer * act,
+            f"its last hidden states: {micro_batch} rows x {max_new_tokens} tokens x {H}":
+                micro_batch * max_new_tokens * H * 4,
+            f"the KL's full-vocabulary chunk, {chunk} tokens (both distributions, float32)": chunk * V * 4 * 4})
     plan["optimizer step"] = {**states, "AdamW moments (float32)": 8 * trains, "gradients (float32)": 4 * trains}
     return plan
 
 
-def plan_settings(args, prompt_len: int, scoring: str = None) -> dict:
+def plan_settings(args, prompt_len: int, scoring: str = None, loss_term: str = None) -> dict:
     """memory_plan's settings from train.py's flags; scoring: how the token rule runs the policy itself
-    (methods.Rule.memory_phase: "forward", "backward", "hidden states", "logits" or None)."""
+    (methods.Rule.memory_phase: "forward", "backward", "hidden states", "logits" or None); loss_term: what the
+    method's loss term adds to the training pass (methods.LossTerm.memory: "full-vocabulary KL" or None)."""
     return dict(rollouts=args.prompts_per_step * args.group_size,
                 gen_rollouts=(args.gen_batch_size or args.prompts_per_step) * args.group_size,
                 prompt_len=prompt_len, max_new_tokens=args.max_new_tokens, micro_batch=args.micro_batch_size,
-                bf16=args.bf16, grad_checkpointing=args.grad_checkpointing, beta=args.beta,
+                bf16=args.bf16, grad_checkpointing=args.grad_checkpointing, reference=args.reference,
                 ref_on_cpu=args.ref_on_cpu, group_size=args.group_size, lora_rank=args.lora_rank,
                 lora_targets=args.lora_targets.split(","),
                 oar_chunk=args.oar_chunk if scoring in ("forward", "backward") else 0,
                 oar_gradient=scoring == "backward",
-                forward_once=scoring if scoring in ("hidden states", "logits") else None)
+                forward_once=scoring if scoring in ("hidden states", "logits") else None, loss_term=loss_term)
 
 
 def available_bytes(device: str, asked_gib: float = None) -> int:
@@ -336,15 +347,15 @@ def trained_parameters(cfg, lora_rank: int, lora_targets) -> int:
                if name.rsplit(".", 1)[-1] in lora_targets and getattr(m, "weight", None) is not None)
 
 
-def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int, scoring: str = None):
+def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int, scoring: str = None, loss_term: str = None):
     """--dry-run: the plan for these settings, and if it does not fit, what each memory flag would bring it to.
     prompt_tokens: the data's prompt length (data.Dataset.prompt_tokens), cut to what the positions leave;
-    scoring: the rule's (methods.Rule.memory_phase)."""
+    scoring: the rule's (methods.Rule.memory_phase); loss_term: the method's (methods.LossTerm.memory)."""
     positions = getattr(cfg, "max_position_embeddings", None) or 1 << 30
     if args.max_new_tokens >= positions:
         sys.exit(f"--max-new-tokens {args.max_new_tokens}: the model has {positions} positions in all")
     prompt_len = min(prompt_tokens, positions - args.max_new_tokens)
-    settings = plan_settings(args, prompt_len, scoring)
+    settings = plan_settings(args, prompt_len, scoring, loss_term)
     n = parameters(cfg, args.lora_rank, settings["lora_targets"])
     print(f"memory plan: {n_params(cfg) / 1e9:.3f} B parameters, {cfg.num_hidden_layers} layers, vocabulary "
           f"{cfg.vocab_size}" + (f", LoRA rank {args.lora_rank} ({n['adapters'] / 1e6:.1f} M trained)"
@@ -373,7 +384,7 @@ def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int, scoring: str = None):
         options.append((f"--oar-chunk {fits[0] if fits else 1}", {"oar_chunk": fits[0] if fits else 1}))
     helpful, together = [], {}
     for flag, change in options:
-        if all(settings[k] == v for k, v in change.items()) or (flag == "--ref-on-cpu" and args.beta == 0) \
+        if all(settings[k] == v for k, v in change.items()) or (flag == "--ref-on-cpu" and not args.reference) \
                 or (flag.startswith("--lora") and args.lora_rank):
             continue
         if peak_with(change) < peak:

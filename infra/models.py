@@ -571,8 +571,8 @@ def load_policy(args, ckpt: str = None, adapter_state: dict = None, world=None):
     """What a train.py run trains, on args.device: (model, tokenizer, reference, adapters). The model is --model, or
     when a full-parameter run resumes, its checkpoint ckpt; a LoRA run resumes from --model and the checkpoint's
     adapters (its adapter file; adapter_state: state.pt's copy, as checkpoints before 2026-11-25 kept them), and
-    `adapters` is the peft model (infra/lora.py), else None. The reference is G4's
-    frozen copy of --model when beta > 0 (None under LoRA: the base with its adapters off is the reference).
+    `adapters` is the peft model (infra/lora.py), else None. The reference is a frozen copy of --model when one is
+    read (args.reference: G4's beta > 0, or a loss term's; None under LoRA: the base with its adapters off is it).
     torch is seeded with args.seed once the models are loaded, and only then are LoRA's adapters drawn: a first run
     builds or converts its model (the tiny world's warm start, a GGUF file), which draws from torch's RNG, where a
     later run reads it from .cache and draws nothing; seeded before, the first run of a seed would differ from every
@@ -581,7 +581,7 @@ def load_policy(args, ckpt: str = None, adapter_state: dict = None, world=None):
     model, tokenizer, _ = load_model(ckpt if resume_model else args.model, "--resume" if resume_model else "--model",
                                      world=world)
     reference = None
-    if args.beta > 0 and not args.lora_rank:
+    if args.reference and not args.lora_rank:
         reference, _, _ = load_model(args.model, world=world)
         reference.eval().requires_grad_(False)
         reference.to("cpu" if args.ref_on_cpu else args.device, dtype=torch.bfloat16 if args.bf16 else None)

@@ -58,7 +58,11 @@ def rule_args(method: str, *, group_size: int, max_new_tokens: int, device: str,
     given = dict(method=method, group_size=group_size, max_new_tokens=max_new_tokens, device=device,
                  no_std_scale=scale_rewards == "none")
     given.update({k: v for k, v in dict(model=model, dataset=dataset, bf16=bf16 or None).items() if v is not None})
-    return training.parse_args_one_line(shlex.split(flags), **given)
+    args = training.parse_args_one_line(shlex.split(flags), **given)
+    if args.term:  # TRL computes its own loss from per-token log-probs: no place for a full-vocabulary term
+        raise SystemExit(f"--method {method}: its loss term ({args.term}, methods.TERMS) runs in train.py only; "
+                         f"TRL's GRPOTrainer computes its loss itself")
+    return args
 
 
 def grpo_config_options(args) -> dict:

@@ -81,7 +81,7 @@ def test_one_rl_step_of_a_two_layer_qwen15b_shape_fits_its_plan(tmp_path):
     step = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if "time_step" in line][0]
     prompt_len = max(len(tiny.prompt(q)) for q in tiny.eval_problems())  # one token per character
     plan = memory.memory_plan(cfg, rollouts=4, gen_rollouts=4, prompt_len=prompt_len, max_new_tokens=16,
-                              micro_batch=4, bf16=False, grad_checkpointing=False, beta=0.01, ref_on_cpu=False)
+                              micro_batch=4, bf16=False, grad_checkpointing=False, reference=True, ref_on_cpu=False)
     planned = max(sum(items.values()) for items in plan.values()) / memory.GiB
     measured = step["peak_memory_gib"]
     print(f"planned {planned:.2f} GiB, measured {measured:.2f} GiB")
@@ -155,7 +155,7 @@ def test_oar_on_a_bf16_lora_base_plans_the_float32_copy_of_an_untied_output_laye
     # largest is an untied output layer, 151,936 x 1536 x 4 bytes = 0.87 GiB; a tied one is the float32 embeddings
     cfg = Qwen2Config(num_hidden_layers=2, **{**QWEN15, "tie_word_embeddings": tied})
     settings = dict(rollouts=8, gen_rollouts=8, prompt_len=128, max_new_tokens=32, micro_batch=8, bf16=True,
-                    grad_checkpointing=False, beta=0.0, ref_on_cpu=False, group_size=4, lora_rank=32, oar_chunk=8)
+                    grad_checkpointing=False, reference=False, ref_on_cpu=False, group_size=4, lora_rank=32, oar_chunk=8)
     advantage = memory.memory_plan(cfg, **settings)["advantage"]
     copy = advantage.get("float32 copy of the bf16 output layer, while used", 0)
     assert copy == (0 if tied else 151_936 * 1536 * 4)
@@ -166,7 +166,7 @@ def test_a_micro_batch_larger_than_the_step_plans_the_steps_rollouts_alone():
     # layer's chunk is 8 x 32 = 256 tokens (of at most 512 a chunk here), not 64 x 32 = 2048 cut to 512
     cfg = Qwen2Config(num_hidden_layers=2, **QWEN15)
     settings = dict(rollouts=8, gen_rollouts=8, prompt_len=128, max_new_tokens=32, bf16=False,
-                    grad_checkpointing=False, beta=0.0, ref_on_cpu=False, group_size=4, chunk_tokens=512)
+                    grad_checkpointing=False, reference=False, ref_on_cpu=False, group_size=4, chunk_tokens=512)
     assert memory.memory_plan(cfg, micro_batch=64, **settings) == memory.memory_plan(cfg, micro_batch=8, **settings)
     training = memory.memory_plan(cfg, micro_batch=64, **settings)["training forward and backward"]
     assert training["output layer, 256 tokens at a time"] == 256 * 151_936 * (3 * 4 + 4)

@@ -22,8 +22,9 @@ SMALL = ["--prompts-per-step", "4", "--group-size", "4", "--eval-limit", "16", "
 
 def test_the_six_names_and_every_base_with_every_rule():
     assert [methods.parse(m) for m in ("grpo", "dapo", "ktae", "dapo+ktae", "oar-p", "oar-g")] == [
-        ("grpo", "none"), ("dapo", "none"), ("grpo", "ktae"), ("dapo", "ktae"), ("grpo", "oar-p"), ("grpo", "oar-g")]
-    assert methods.parse("dapo+oar-g") == ("dapo", "oar-g") and "dapo+oar-g" in methods.names()
+        ("grpo", "none", None), ("dapo", "none", None), ("grpo", "ktae", None), ("dapo", "ktae", None),
+        ("grpo", "oar-p", None), ("grpo", "oar-g", None)]
+    assert methods.parse("dapo+oar-g") == ("dapo", "oar-g", None) and "dapo+oar-g" in methods.names()
     with pytest.raises(ValueError, match="--method grpo\\+nope"):
         methods.parse("grpo+nope")
 
