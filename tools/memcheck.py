@@ -31,8 +31,8 @@ def compare(run_dir: str) -> list:
     """Rows (method, phase, planned GiB, measured GiB or None, seconds or None) of a run directory's first step."""
     info = json.load(open(os.path.join(run_dir, "run.json")))
     args, record = SimpleNamespace(**info["args"]), first_step(run_dir)
-    scoring = methods.RULES[args.rule].memory_phase
-    settings = memory.plan_settings(args, record.get("prompt_len", 512), scoring)
+    rule = methods.RULES[args.rule]
+    settings = memory.plan_settings(args, record.get("prompt_len", 512), rule.memory_phase, rule.frozen_copy(args))
     if "zero_adv_groups" in record and args.beta == 0:  # the rollouts the training pass (and OAR) took
         trained = round(record["groups_kept"] * args.group_size * (1 - record["zero_adv_groups"]))
         settings["rollouts"] = max(trained, 1)
