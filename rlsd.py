@@ -1,18 +1,18 @@
-"""RLSD: RLVR with Self-Distillation (Yang, Qin, Si et al. 2026, arXiv 2604.03128), L1-L4 of EQUATIONS.md#rlsd.
+"""RLSD: RLVR with Self-Distillation (Yang, Qin, Si et al. 2026, arXiv 2604.03128), L1-L5 of EQUATIONS.md#rlsd.
 
 The same model, shown privileged context (the reference answer) beside the question, is a teacher: where it finds a
 sampled token likelier than the student did, the token is evidence for the answer. RLSD keeps the direction of
 every update the verifier's (the sign of A_i) and lets that evidence set only its size, clipped near 1: a right
 rollout's tokens the teacher agrees with, and a wrong rollout's tokens the teacher disagrees with, get more.
 
-    L1 teacher_logprobs    log pi_T(o_t) = log pi(o_t | privileged prompt, o_<t): one no-grad forward, the policy
-                           that sampled, at the sampling temperature (the student's are the sampler's log pi_old)
+    L1 teacher_logprobs    log pi_T(o_t) = log pi_T(o_t | privileged prompt, o_<t): one no-grad forward of the
+                           teacher (below), at the sampling temperature (the student's are the sampler's log pi_old)
     L2 evidence            delta_t = log pi_T(o_t) - log pi_old(o_t)
     L3 weights             w_t = clip(exp(sign(A_i) delta_t), 1 - eps_w, 1 + eps_w)
     L4 token_advantages    A_{i,t} = A_i ((1 - lambda) + lambda w_t)
     L5 lambda_at           lambda at the g-th step (g = steps done + 1): lambda_0 max(1 - (g - warmup) / decay, 0),
                            lambda_0 g / warmup during a warm-up: after `decay` steps RLSD is GRPO
-    L1's teacher (synced_at, copy_of, swapped_in): a frozen copy of what trains, taken at the start and re-taken
+    L1 teacher, synced_at  the teacher's weights: a frozen copy of what trains, taken at the start and re-taken
                            from the policy after every K-th step (K = 0: the live policy is the teacher)
 
 The released code (iie-ycx/RLSD at 93e46f7, examples/visual_rl/rlsd_train.sh) runs lambda_0 = 0.5 decaying over 60
