@@ -70,7 +70,12 @@ class Dataset:
         """A teacher's prompt (RLSD's L1, SDPG's P2): the problem with its gold answer as privileged context. The
         method owns the wording (a format string of {question} and {answer}), the dataset how a prompt is put: the
         tiny world's own characters ("Q:7+8-9=?\\boxed{6}\\nA:", whatever the wording: its model reads no English),
-        else the worded question in the question's place of the chat template."""
+        else the worded question in the question's place of the chat template. A problem without a gold answer is
+        refused in one line (ValueError): the loaders skip such rows, so only a caller's own problem gets here."""
+        answer = problem.get("answer")
+        if not isinstance(answer, str) or not answer.strip():
+            raise ValueError(f"{problem.get('where', problem.get('question'))}: no reference answer for the teacher's "
+                             f"prompt (its privileged context is the gold answer)")
         if self.world is not None:
             return self.world.teacher_prompt(problem["question"], problem["answer"])
         question = wording.format(question=problem["question"], answer=problem["answer"])

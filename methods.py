@@ -104,6 +104,10 @@ class Context:
     problems: list  # the B problems of the batch, in group order
     pieces: dict = field(default_factory=dict)  # token id -> its decoded text (OAR's spans)
     step: int = 0  # optimiser steps done before this batch's (RLSD's schedule)
+    # What a rule keeps from step to step (RLSD's frozen teacher): the run's own dict, which train.py keeps on its Run
+    # and its checkpoints save (Rule.saved says what of it); None: a call alone, nothing kept (RLSD's teacher is then
+    # the policy as it is)
+    state: Optional[dict] = None
 
 
 def sequence_advantages(rewards: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -300,20 +304,25 @@ def self_distilled(batch, rewards, mask, ctx) -> TokenAdvantages:
     prompts = [ctx.tokenizer(ds.teacher_prompt(ctx.tokenizer, q, rlsd.HINT))["input_ids"] for q in ctx.problems]
     rows = (seq != 0).nonzero().flatten()  # [n] a rollout of A_i = 0 has nothing to weigh
     delta = torch.zeros_like(mask, dtype=torch.float)  # [N, T]
-    if len(rows):
-        with sample.autocast(a.device, a.bf16):
-            teacher = rlsd.teacher_logprobs(ctx.model, batch, [prompts[i // G] for i in range(len(seq))], rows,
-                                            ctx.tokenizer.pad_token_id, a.temperature, a.micro_batch_size, G)
-        delta[rows] = rlsd.evidence(teacher, batch["logprobs"][rows].float(), mask[rows].float())  # [n, T] L2
+    # L1's frozen copy is taken (or re-taken at a sync) whether or not a row needs it: the interval's teacher is the
+    # policy at the interval's start, rows or none
+    with rlsd.teacher(ctx.model, ctx.state, ctx.step, a.rlsd_sync_every) as teacher_model:
+        if len(rows):
+            with sample.autocast(a.device, a.bf16):
+                teacher = rlsd.teacher_logprobs(teacher_model, batch, [prompts[i // G] for i in range(len(seq))],
+                                                rows, ctx.tokenizer.pad_token_id, a.temperature, a.micro_batch_size,
+                                                G)  # [n, T] L1
+            delta[rows] = rlsd.evidence(teacher, batch["logprobs"][rows].float(), mask[rows].float())  # [n, T] L2
+    lam = rlsd.lambda_at(ctx.step, a.rlsd_lambda, a.rlsd_warmup_steps, a.rlsd_decay_steps)  # L5
     w = rlsd.weights(delta, seq, mask, a.rlsd_eps)  # [N, T] L3
-    tokens = rlsd.token_advantages(seq, w, mask, a.rlsd_lambda)  # [N, T] L4
+    tokens = rlsd.token_advantages(seq, w, mask, lam)  # [N, T] L4
     taught = (seq != 0)[:, None].expand_as(delta)  # [N, T] the rows the teacher read
     raw = torch.exp(torch.sign(seq)[:, None] * delta)  # [N, T] L3 before its clip
     student = batch["logprobs"].float() * mask  # [N, T]
     nan = torch.full_like(delta, float("nan"))  # [N, T]
     terms = {"L1 teacher log p": torch.where(taught, student + delta, nan), "L1 sampler log p": student,
              "L2 evidence delta": delta, "L3 exp(sign(A_i) delta) (before the clip)": torch.where(taught, raw, nan),
-             "L3 weight": w, "L4 A_{i,t}": tokens,
+             "L3 weight": w, "L5 lambda at this step": torch.full_like(delta, lam) * mask, "L4 A_{i,t}": tokens,
              SATURATED + f"L3 clips exp(sign(A_i) delta) to [{1 - a.rlsd_eps:g}, {1 + a.rlsd_eps:g}]":
                  _flag(taught & ((raw < 1 - a.rlsd_eps) | (raw > 1 + a.rlsd_eps)), mask),
              NOTE + "A_i = 0: no teacher forward, evidence 0, and no advantage to weigh": _flag(~taught, mask)}
@@ -381,6 +390,12 @@ class Rule:
     # at a time: "hidden states" (SHEAR's, of every scored token) or "logits" (RLSD's teacher, its output layer a
     # chunk at a time); None for no such forward. The memory plan counts that forward and what it keeps
     forward_once: str = None
+    # Whether the rule keeps a copy of what trains from step to step (RLSD's frozen teacher between syncs), given the
+    # flags: the memory and disk plans count it
+    frozen_copy: Callable = lambda args: False
+    # (Context.state, steps done, args) -> what of the rule's state a checkpoint keeps, for a resumed run to go on as
+    # one never stopped (train.py restores it into Context.state)
+    saved: Callable = lambda state, done, args: state
 
     @property
     def memory_phase(self):
@@ -454,9 +469,19 @@ SHEAR_KNOBS = (
     Knob("--shear-span", 4, "S2: tokens a span (the hidden states compared as one set)", int),
     Knob("--shear-alpha", 1.0, "S4: w = 1 + alpha (d / mean d - 1); 0 is GRPO, 1 the distance ratio itself", number),
 )
+# The defaults are the released launch script's (EQUATIONS.md#rlsd); --rlsd-lambda 1 --rlsd-decay-steps 0
+# --rlsd-sync-every 0 is the project's former variant, kept as an ablation
 RLSD_KNOBS = (
     Knob("--rlsd-eps", 0.2, "L3: the teacher's weight is clipped to 1 +- eps", number),
-    Knob("--rlsd-lambda", 1.0, "L4: A_t = A ((1 - lambda) + lambda w_t); 0 is GRPO", number),
+    Knob("--rlsd-lambda", 0.5, "L4: A_t = A ((1 - lambda) + lambda w_t), lambda at most (L5; 0 is GRPO); the "
+                               "ablation '--rlsd-lambda 1 --rlsd-decay-steps 0 --rlsd-sync-every 0' is the former "
+                               "variant (lambda 1 throughout, the live policy as teacher)", number),
+    Knob("--rlsd-decay-steps", 60, "L5: lambda falls linearly to 0 over this many steps, after which RLSD is GRPO "
+                                   "(0: never)", int, check=at_least(0)),
+    Knob("--rlsd-warmup-steps", 0, "L5: lambda rises linearly from 0 over this many steps first", int,
+         check=at_least(0)),
+    Knob("--rlsd-sync-every", 20, "L1: the teacher is a frozen copy of the policy, re-taken after every K-th step "
+                                  "(0: the live policy, no copy)", int, check=at_least(0)),
 )
 ENTROPY_KNOBS = (
     Knob("--top-entropy-quantile", 0.2, "E1: the share of the batch's tokens, by sampling entropy, that the entropy "
@@ -494,6 +519,8 @@ RULES = {
                   heatmap=lambda adv, batch, mask, args: HeatMap("shear", "SHEAR weights", 1.0, 1.0),
                   blame=lambda adv, batch, mask, args: adv.values),
     "rlsd": Rule(self_distilled, knobs=RLSD_KNOBS, check=_rlsd_check, forward_once="logits",
+                 frozen_copy=lambda args: getattr(args, "rlsd_sync_every", 0) > 0,  # a run.json before it: live
+                 saved=lambda state, done, args: rlsd.state_to_save(state, done, args.rlsd_sync_every),
                  heatmap=lambda adv, batch, mask, args: HeatMap("rlsd", "teacher evidence (log pi_T - log pi_old)",
                                                                 0.0, 1.0),
                  blame=lambda adv, batch, mask, args: -adv.values),

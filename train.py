@@ -38,8 +38,9 @@ from infra import checkpoint, cpu, fastpath, guard, logbook, memory, models, tra
 def main(argv=None):
     args = training.parse_args(argv)
     if args.dry_run:  # the plan needs the model's config alone: no data, no weights
+        rule = methods.RULES[args.rule]
         return memory.dry_run(models.load_config(args.model), args, memory.available_bytes(args.device, args.memory),
-                              data.dataset(args.dataset).prompt_tokens, methods.RULES[args.rule].memory_phase,
+                              data.dataset(args.dataset).prompt_tokens, rule.memory_phase, rule.frozen_copy(args),
                               methods.TERMS[args.term].memory if args.term else None)
     # what can fail without loading anything fails now, in one line, and leaves no run directory behind: the datasets
     # are found (not yet read), the model's files looked at, the run directory checked
@@ -50,7 +51,8 @@ def main(argv=None):
     if ckpt and args.lora_rank:  # the adapters continue only on the base they were trained on
         models.check_base(ckpt, "--resume")
     checkpoint.check(args.run_dir, args, args.resume, args.overwrite, ckpt)
-    checkpoint.check_room(args.run_dir, memory.disk_plan(models.load_config(args.model), args)["run"],
+    checkpoint.check_room(args.run_dir, memory.disk_plan(models.load_config(args.model), args,
+                                                         methods.RULES[args.rule].frozen_copy(args))["run"],
                           "this run's checkpoints and logs",  # a full disk said now, not after the steps
                           # --resume replaces the run's own files as it goes, --overwrite deletes them first
                           freed=checkpoint.held_bytes(args.run_dir) if ckpt or args.overwrite else 0)
@@ -94,7 +96,7 @@ def loop(run):
 
         # ---- 3. advantage: A_{i,t} from the token rule of --method (methods.py) ----------------------------------
         t0 = time.time()
-        ctx = methods.Context(args, run.model, run.tokenizer, qs, run.pieces, step)
+        ctx = methods.Context(args, run.model, run.tokenizer, qs, run.pieces, step, run.rule_state)
         adv = rule.advantages(batch, rewards, mask, ctx)
         t_advantage = time.time() - t0
         ref_logp = reference_logprobs(args, run, batch)  # [N, T] the reference's (G4, a loss term), else None
@@ -150,6 +152,7 @@ class Run:
     step: int = 0  # steps done
     buffer: tuple = ([], [])  # D2's mixed groups left over for the next step: (problems, batches)
     pieces: dict = field(default_factory=dict)  # token id -> its decoded text, for OAR's spans
+    rule_state: dict = field(default_factory=dict)  # what the token rule keeps across steps (RLSD's frozen teacher)
     metrics_path: str = ""
     first_accuracy: float = None
     watch: logbook.Watch = field(default_factory=logbook.Watch)  # the degenerate-run warnings given so far
@@ -186,6 +189,7 @@ def start(args, ckpt) -> Run:
               memory.Peaks(args.device, rss_at_start), adapters)
     if ckpt:
         run.step, run.buffer = checkpoint.restore_run(state, optimizer, scheduler, run.problem_rng, args.device)
+        run.rule_state = checkpoint.restore_rule_state(state, args.device)
     # the run directory is ours from here on (locked); on resume the metrics logged after the checkpoint go
     run.lock = checkpoint.claim(args.run_dir, args, args.resume, args.overwrite, ckpt)
     run.metrics_path = os.path.join(args.run_dir, "metrics.jsonl")
@@ -364,7 +368,8 @@ def finish_step(run: Run, done: int, shown=None) -> bool:
         base = models.base_name(args.model, run.model)  # under LoRA: the adapters' base, by name and by its weights
         checkpoint.save_run(args.run_dir, done, run.model, run.tokenizer, run.optimizer, run.scheduler,
                             run.problem_rng, args, run.buffer, run.adapters, base,
-                            models.identity(base) if run.adapters else None)
+                            models.identity(base) if run.adapters else None,
+                            methods.RULES[args.rule].saved(run.rule_state, done, args))
     if out_of_time:
         tqdm.write(f"--max-minutes {args.max_minutes} reached after {done} steps")
     return out_of_time

@@ -4,7 +4,8 @@ RUN_DIR holds
     run.json         the method and every setting of the run, and whether it finished
     metrics.jsonl    one JSON line per step and per evaluation (train.py)
     checkpoint/      an ordinary Hugging Face model directory, state.pt (optimizer, step, RNG states, D2's
-                     buffer) and manifest.json (every file's size and SHA-256, written last)
+                     buffer, RLSD's frozen teacher between syncs) and manifest.json (every file's size and SHA-256,
+                     written last)
     checkpoint.prev/ the checkpoint saved before it, kept until the next save begins
     checkpoint.tmp/  a checkpoint being written (complete once its manifest is there)
     .lock            held (flock) while a run writes here, so two runs never interleave their metrics
@@ -364,21 +365,22 @@ def save(run_dir: str, model, tokenizer, state: dict, write=None):
 
 
 def save_run(run_dir: str, step: int, model, tokenizer, optimizer, scheduler, problem_rng, args, buffer: tuple,
-             adapters=None, base: str = None, base_identity: dict = None):
+             adapters=None, base: str = None, base_identity: dict = None, rule_state: dict = None):
     """A train.py run's checkpoint at `step` (save): the model, or under LoRA its adapters alone (adapters: the peft
     model, infra/lora.py; base: the --model they belong to), and state.pt, which holds all that --resume needs to
     continue bit for bit: the optimizer and scheduler, the torch and problem RNG states, D2's buffer of mixed groups
-    (problems, batches) and the settings."""
+    (problems, batches), what the token rule keeps across steps (rule_state: RLSD's frozen teacher where it is not
+    the policy) and the settings."""
     state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
              "torch_rng": torch.get_rng_state(), "problem_rng": problem_rng.getstate(), "args": vars(args),
-             "surplus_qs": buffer[0], "surplus": buffer[1]}
+             "surplus_qs": buffer[0], "surplus": buffer[1], "rule_state": rule_state or {}}
     write = (lambda path: lora.save(path, adapters, tokenizer, base, base_identity)) if adapters else None  # noqa
     final, prev = os.path.join(run_dir, CHECKPOINT), os.path.join(run_dir, PREVIOUS)
     tmp = os.path.join(run_dir, TMP)
     # what save() removes before it writes: a checkpoint.tmp a kill left, and the older one when the last is whole
     freed = sum(folder_bytes(x) for x in ((tmp, prev) if _intact(final) else (tmp,)) if os.path.isdir(x))
-    check_room(run_dir, checkpoint_bytes(model, optimizer, adapters), f"the checkpoint of step {step}", freed,
-               f"; {_last(final)}")
+    check_room(run_dir, checkpoint_bytes(model, optimizer, adapters) + tensor_bytes(rule_state),
+               f"the checkpoint of step {step}", freed, f"; {_last(final)}")
     save(run_dir, model, tokenizer, state, write=write)
 
 
@@ -398,6 +400,21 @@ def restore_run(state: dict, optimizer, scheduler, problem_rng, device: str) -> 
     scheduler.load_state_dict(state["scheduler"])
     batches = [{k: v.to(device) if torch.is_tensor(v) else v for k, v in b.items()} for b in state.get("surplus", [])]
     return state["step"], (state.get("surplus_qs", []), batches)
+
+
+def restore_rule_state(state: dict, device: str) -> dict:
+    """The token rule's state that save_run kept (Context.state; {} from a checkpoint before it), its tensors on
+    `device`."""
+    def to(x):
+        return x.to(device) if torch.is_tensor(x) else {k: to(v) for k, v in x.items()} if isinstance(x, dict) else x
+    return to(state.get("rule_state", {}))
+
+
+def tensor_bytes(obj) -> int:
+    """The bytes of the tensors in obj (a tensor, or dicts of them; anything else counts 0)."""
+    if torch.is_tensor(obj):
+        return obj.numel() * obj.element_size()
+    return sum(tensor_bytes(v) for v in obj.values()) if isinstance(obj, dict) else 0
 
 
 def _write(path: str, model, tokenizer, state: dict, write=None):

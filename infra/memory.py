@@ -163,7 +163,7 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
                 bf16: bool, grad_checkpointing: bool, reference: bool, ref_on_cpu: bool, group_size: int = 1,
                 lora_rank: int = 0, lora_targets=lora.TARGETS, oar_chunk: int = 0, oar_gradient: bool = False,
                 chunk_tokens: int = None, first_step: bool = False, forward_once: str = None,
-                loss_term: str = None):
+                frozen_copy: bool = False, loss_term: str = None):
     """Bytes the RL step needs at its peak, phase by phase, as train.py runs it (memory.Peaks measures the same
     phases). Returns {phase: {item: bytes}}.
 
@@ -175,7 +175,9 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     is autocast, which holds a bf16 copy of the weights while a region lasts (train.py's: an update). Under LoRA
     the frozen base takes no gradient and no moment: with --bf16 its linear layers are held in bf16 (infra/lora.py),
     the embeddings and norms float32; a tied output layer, being the embeddings, is cast to bf16 for each product (a
-    transient copy). Under LoRA the reference (G4's, beta > 0, or a loss term's) is the base itself.
+    transient copy). Under LoRA the reference (G4's, beta > 0, or a loss term's) is the base itself. A rule's
+    frozen copy of what trains (frozen_copy, methods.Rule.frozen_copy: RLSD's teacher between syncs) is float32,
+    every weight or the adapters, held from the first step's advantage phase on.
     Sampling: the KV cache of `gen_rollouts` rows of prompt + response tokens (2 x layers x KV heads x head dim
     each), and a few [rows, vocabulary] float32 buffers for the next-token distribution.
     Advantage (OAR only: oar_chunk rollouts a scoring forward): OAR scores in float32; OAR-G (oar_gradient) keeps
@@ -210,7 +212,9 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
                    "adapters (float32)": 4 * n["adapters"]}
     else:
         weights = {"weights (float32)": 4 * N, **({"adapters (float32)": 4 * n["adapters"]} if lora_rank else {})}
-    states = {**weights, **({} if first_step else {"AdamW moments (float32)": 8 * trains})}
+    copy = {f"the rule's frozen copy of the {'adapters' if lora_rank else 'weights'} (float32)": 4 * trains
+            } if frozen_copy else {}
+    states = {**weights, **({} if first_step else {"AdamW moments (float32)": 8 * trains}), **copy}
     if reference and not ref_on_cpu and not lora_rank:
         states["reference model (bf16)" if bf16 else "reference model (float32)"] = (2 if bf16 else 4) * N
     autocast = {}  # what --bf16's autocast adds while a region lasts
@@ -219,7 +223,8 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     elif bf16 and cfg.tie_word_embeddings:
         autocast["bf16 copy of the tied output layer (autocast)"] = 2 * V * H
     sampling = {
-        **states, **autocast,
+        # the rule takes its copy after the first step's sampling
+        **{k: v for k, v in states.items() if not (first_step and k in copy)}, **autocast,
         f"KV cache: {gen_rollouts} rows x {prompt_len + max_new_tokens} tokens":
             gen_rollouts * (prompt_len + max_new_tokens) * L * 2 * kv * act,
         "next-token distributions": 3 * gen_rollouts * V * 4,
@@ -280,10 +285,12 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
     return plan
 
 
-def plan_settings(args, prompt_len: int, scoring: str = None, loss_term: str = None) -> dict:
+def plan_settings(args, prompt_len: int, scoring: str = None, frozen_copy: bool = False,
+                  loss_term: str = None) -> dict:
     """memory_plan's settings from train.py's flags; scoring: how the token rule runs the policy itself
-    (methods.Rule.memory_phase: "forward", "backward", "hidden states", "logits" or None); loss_term: what the
-    method's loss term adds to the training pass (methods.LossTerm.memory: "full-vocabulary KL" or None)."""
+    (methods.Rule.memory_phase: "forward", "backward", "hidden states", "logits" or None); frozen_copy: whether it
+    keeps a copy of what trains (methods.Rule.frozen_copy); loss_term: what the method's loss term adds to the
+    training pass (methods.LossTerm.memory: "full-vocabulary KL" or None)."""
     return dict(rollouts=args.prompts_per_step * args.group_size,
                 gen_rollouts=(args.gen_batch_size or args.prompts_per_step) * args.group_size,
                 prompt_len=prompt_len, max_new_tokens=args.max_new_tokens, micro_batch=args.micro_batch_size,
@@ -292,7 +299,8 @@ def plan_settings(args, prompt_len: int, scoring: str = None, loss_term: str = N
                 lora_targets=args.lora_targets.split(","),
                 oar_chunk=args.oar_chunk if scoring in ("forward", "backward") else 0,
                 oar_gradient=scoring == "backward",
-                forward_once=scoring if scoring in ("hidden states", "logits") else None, loss_term=loss_term)
+                forward_once=scoring if scoring in ("hidden states", "logits") else None, frozen_copy=frozen_copy,
+                loss_term=loss_term)
 
 
 def available_bytes(device: str, asked_gib: float = None) -> int:
@@ -305,14 +313,15 @@ def available_bytes(device: str, asked_gib: float = None) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def disk_plan(cfg, args) -> dict:
+def disk_plan(cfg, args, frozen_copy: bool = False) -> dict:
     """The disk a train.py run takes, from the model's config: {what: bytes} of one checkpoint (the weights, under
-    LoRA the adapters alone; AdamW's two moments of what trains; 32 MiB for the tokenizer and the rest), and "run"
+    LoRA the adapters alone; AdamW's two moments of what trains; a rule's frozen copy of what trains where it keeps
+    one, frozen_copy: RLSD's teacher between syncs; 32 MiB for the tokenizer and the rest), and "run"
     what the run keeps at most: two of them (the last and the one before, or the last and the one being written), one
     if it saves once, and its other files (other_files_bytes)."""
     trained = trained_parameters(cfg, args.lora_rank, args.lora_targets.split(","))
     one = {"weights" if not args.lora_rank else "adapters": 4 * trained, "optimizer state": 8 * trained,
-           "tokenizer and the rest": 32 * 2 ** 20}
+           **({"the rule's frozen copy": 4 * trained} if frozen_copy else {}), "tokenizer and the rest": 32 * 2 ** 20}
     saves = (args.steps // args.save_every if args.save_every else 0) + args.final_save
     return {**one, "run": sum(one.values()) * min(2, saves) + other_files_bytes(args)}
 
@@ -347,22 +356,24 @@ def trained_parameters(cfg, lora_rank: int, lora_targets) -> int:
                if name.rsplit(".", 1)[-1] in lora_targets and getattr(m, "weight", None) is not None)
 
 
-def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int, scoring: str = None, loss_term: str = None):
+def dry_run(cfg, args, gpu_bytes: int, prompt_tokens: int, scoring: str = None, frozen_copy: bool = False,
+            loss_term: str = None):
     """--dry-run: the plan for these settings, and if it does not fit, what each memory flag would bring it to.
     prompt_tokens: the data's prompt length (data.Dataset.prompt_tokens), cut to what the positions leave;
-    scoring: the rule's (methods.Rule.memory_phase); loss_term: the method's (methods.LossTerm.memory)."""
+    scoring, frozen_copy: the rule's (methods.Rule.memory_phase, methods.Rule.frozen_copy); loss_term: the
+    method's (methods.LossTerm.memory)."""
     positions = getattr(cfg, "max_position_embeddings", None) or 1 << 30
     if args.max_new_tokens >= positions:
         sys.exit(f"--max-new-tokens {args.max_new_tokens}: the model has {positions} positions in all")
     prompt_len = min(prompt_tokens, positions - args.max_new_tokens)
-    settings = plan_settings(args, prompt_len, scoring, loss_term)
+    settings = plan_settings(args, prompt_len, scoring, frozen_copy, loss_term)
     n = parameters(cfg, args.lora_rank, settings["lora_targets"])
     print(f"memory plan: {n_params(cfg) / 1e9:.3f} B parameters, {cfg.num_hidden_layers} layers, vocabulary "
           f"{cfg.vocab_size}" + (f", LoRA rank {args.lora_rank} ({n['adapters'] / 1e6:.1f} M trained)"
                                  if args.lora_rank else "")
           + f"; prompts taken as {prompt_len} tokens, responses as --max-new-tokens {args.max_new_tokens}")
     peak = print_plan(memory_plan(cfg, **settings), gpu_bytes)
-    disk = disk_plan(cfg, args)
+    disk = disk_plan(cfg, args, frozen_copy)
     print(f"disk: a checkpoint takes {sum(v for k, v in disk.items() if k != 'run') / GiB:.2f} GiB ("
           + ", ".join(f"{k} {v / GiB:.2f}" for k, v in disk.items() if k != "run")
           + f"); the run keeps at most {disk['run'] / GiB:.2f} GiB"

@@ -56,9 +56,10 @@ LEGENDS = {
         "span's weight; a group all right or all wrong stays uncoloured."),
     "rlsd": (
         "Colour: the teacher's evidence for the token (L2): its log-probability under the same model shown the gold "
-        "answer, minus the sampler's, centre 0, full colour at &plusmn;{scale:g}. <b>Green</b>: the teacher finds "
-        "it likelier; <b>red</b>: less likely. A token's advantage is its rollout's sequence advantage times "
-        "clip(exp(&plusmn;evidence)) (L3, the sign the advantage's): <b>in a rollout with reward 0 red means more of "
+        "answer (a frozen copy, re-taken every --rlsd-sync-every steps), minus the sampler's, centre 0, full colour at "
+        "&plusmn;{scale:g}. <b>Green</b>: the teacher finds it likelier; <b>red</b>: less likely. A token's advantage "
+        "is its rollout's sequence advantage times (1 - lambda) + lambda clip(exp(&plusmn;evidence)) (L3-L5, the "
+        "sign the advantage's, lambda decaying to 0): <b>in a rollout with reward 0 red means more of "
         "the blame</b>, in a rewarded one green more of the credit. A group all right or all wrong stays uncoloured."),
     "entropy": (
         "Colour: the entropy of the distribution the token was sampled from (nats), centred on the batch's "

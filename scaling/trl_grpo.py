@@ -118,7 +118,7 @@ def rule_advantages(rule: str, batch: dict, rewards, mask, ctx, rows: slice) -> 
     g0, g1 = rows.start // G, -(-rows.stop // G)  # the groups that hold rows start .. stop - 1
     keep = torch.arange(g0 * G, g1 * G, device=mask.device)  # [n_g * G]
     sub = {k: v if k == "prompt_len" else v[keep] for k, v in batch.items()}
-    part = methods.Context(ctx.args, ctx.model, ctx.tokenizer, ctx.problems[g0:g1], ctx.pieces)
+    part = methods.Context(ctx.args, ctx.model, ctx.tokenizer, ctx.problems[g0:g1], ctx.pieces, ctx.step, ctx.state)
     adv = methods.RULES[rule].advantages(sub, rewards[g0:g1], mask[keep], part)
     inner = slice(rows.start - g0 * G, rows.stop - g0 * G)
     return adv.rows(inner)
@@ -136,6 +136,9 @@ class RuleGRPOTrainer(GRPOTrainer):
         self.rule_args.group_size = self.num_generations  # G, as TRL groups the rollouts
         self.rule_args.device = str(self.accelerator.device)
         self.pieces = {}  # token id -> its decoded text, for OAR's spans (kept across steps)
+        # what the rule keeps across steps (methods.Context.state: RLSD's frozen teacher), on each process; TRL's
+        # checkpoints do not save it, so a resumed run re-takes RLSD's teacher from the resumed policy (it says so)
+        self.rule_state = {}
         self._lengths = None
         self._rewards_per_func = None
         self.last = None  # the last step's gathered batch, rewards and local advantages (tests, heat maps)
@@ -168,7 +171,9 @@ class RuleGRPOTrainer(GRPOTrainer):
                                                    for x in self._scores(out, lengths))  # [N, T]
         rewards = (self._rewards_per_func * self.reward_weights.to(acc.device)).nansum(dim=1).view(-1, G)  # [B, G]
         problems = gather_object([{k: v for k, v in x.items() if k != "prompt"} for x in inputs])[::G]  # [B]
-        ctx = methods.Context(self.rule_args, self.model, self._tokenizer, problems, self.pieces)
+        # the step: TRL's optimiser steps done before this generation batch (RLSD's L5 schedule and L1 syncs)
+        ctx = methods.Context(self.rule_args, self.model, self._tokenizer, problems, self.pieces,
+                              self.state.global_step, self.rule_state)
         rows = slice(acc.process_index * n, (acc.process_index + 1) * n)
         adv = rule_advantages(self.rule_args.rule, batch, rewards, mask, ctx, rows)
         out["advantages"] = adv.tokens[:, :out["completion_ids"].shape[1]]  # [n, T_local]

@@ -33,8 +33,8 @@ def compare(run_dir: str) -> list:
     args, record = SimpleNamespace(**info["args"]), first_step(run_dir)
     # run.json before 2026-12-07 holds neither: no loss term, and a reference only for G4's KL
     args.term, args.reference = getattr(args, "term", None), getattr(args, "reference", args.beta > 0)
-    scoring = methods.RULES[args.rule].memory_phase
-    settings = memory.plan_settings(args, record.get("prompt_len", 512), scoring,
+    rule = methods.RULES[args.rule]
+    settings = memory.plan_settings(args, record.get("prompt_len", 512), rule.memory_phase, rule.frozen_copy(args),
                                     methods.TERMS[args.term].memory if args.term else None)
     if "zero_adv_groups" in record and not args.reference and not args.term:  # the rollouts trained (and OAR's)
         trained = round(record["groups_kept"] * args.group_size * (1 - record["zero_adv_groups"]))
