@@ -268,3 +268,33 @@ def test_the_wall_clock_reading_interpolates_between_evaluations_by_hand(tmp_pat
     assert row["d_wall"][0] == pytest.approx(-0.1) and row["early"] == 2
     assert "first evaluation after step 0, so between the untrained model and that evaluation: slow (2 of 2 seeds)" \
         in paired.table([row], "grpo", 0.5)
+
+
+def test_the_pictures_say_the_task_and_whose_baseline_curve_by_hand():
+    settings = {"--dataset": {"name": "arith"}, "--steps": 40, "the train.py flags after --": [
+        "--model", "smollm2-135m", "--prompts-per-step", "8", "--group-size", "8", "--eval-limit", "128"]}
+    assert paired.task_title(settings) == \
+        "arith, smollm2-135m, 40 steps, 8 x 8 rollouts a step, 128 evaluation problems"
+    assert paired.task_title({"--dataset": {"name": "tiny"}, "--steps": 60, "the train.py flags after --": []}) == \
+        "tiny, the task's own model, 60 steps"
+    assert paired.task_title(None) == ""
+    # a panel's grey curve: grpo's runs of the panel's seeds, and on several machines which folder holds which
+    assert paired.whose([0, 1], ["epyc"]) == "seeds 0, 1"
+    assert paired.whose([(0, 2), (2, 3), (2, 4)], ["epyc", "xeon", "xeon2"]) == "epyc: seed 2; xeon2: seeds 3, 4"
+
+
+def test_the_difference_plot_keeps_each_seed_and_clips_a_wide_interval_by_hand(tmp_path):
+    # OAR-P on SmolLM2 at three seeds: -0.266, -0.266, +0.188 (34/128 and 24/128), mean -0.11458, deviations
+    # -0.15104, -0.15104, +0.30208, sd sqrt(0.13688 / 2) = 0.26161, se 0.15104, x t(2) 4.303 = 0.64993: interval
+    # [-0.76452, +0.53535]; the axis stays at +-0.4 (every seed inside), the interval is cut there, its ends said
+    for seed, d in enumerate((-34 / 128, -34 / 128, 24 / 128)):
+        run(tmp_path, "grpo", seed, [0.2, 0.5], 1.0)
+        run(tmp_path, "oar-p", seed, [0.2, 0.5 + d], 1.0)
+    (row,) = paired.rows(paired.finished(str(tmp_path)), "grpo", 0.5)
+    assert row["d_step_seeds"] == pytest.approx([-34 / 128, -34 / 128, 24 / 128])
+    assert row["d_step"] == pytest.approx((-0.11458, -0.76452, 0.53535), abs=1e-4)
+    assert paired.axis_limit([row]) == 0.4
+    assert paired.clipped(row, 0.4).startswith("equal steps [-0.765, +0.535] clipped")
+    # a seed beyond +-0.4 widens the axis to a tenth past it, so that no seed is cut off
+    assert paired.axis_limit([dict(row, d_step_seeds=[-0.55, 0.1, 0.1])]) == 0.6
+    assert paired.clipped({"d_step": (0.1, 0.0, 0.2), "d_wall": (math.nan, math.nan, math.nan)}, 0.4) == ""

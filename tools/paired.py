@@ -9,9 +9,10 @@ gives the seeds both runs of a pair have finished) and writes
     OUT/paired.md          per method: accuracy at the last step, the paired difference (same seed) with a 95 %
                            t-interval and the smallest detectable difference, the same at the baseline's wall-clock,
                            response length, minutes, steps to --threshold, each for the method and the baseline
-    OUT/paired_curves.png  a panel per method: its greedy accuracy over steps beside the baseline's, mean and 95 %
-                           t-interval band over seeds
-    OUT/paired_diffs.png   the paired differences and their intervals, at equal steps and at equal wall-clock
+    OUT/paired_curves.png  a panel per method: its greedy accuracy over steps beside the baseline's (whose runs: their
+                           seeds, and folders), mean and the seeds' range; the task in the title (task_title)
+    OUT/paired_diffs.png   the paired differences, each seed's own and the mean with its interval, at equal steps and
+                           at equal wall-clock; the axis at +-0.4 or wider, an interval beyond it cut and its ends said
 
 Why paired: a seed fixes the problems each step draws and the held-out set, so two methods' runs of one seed differ
 only by the method (and sampling noise); the seed-to-seed spread, which is large on a small model, cancels in the
@@ -20,8 +21,8 @@ answers from step 0 on (SmolLM2 on arith: 0.164 on an AMD EPYC, 0.180 on a Xeon)
 over machines keeps a folder per machine (tools.compare refuses to mix them) and names them all here: a pair is a seed
 within one folder, and the intervals take the pairs of every folder. The table and PNGs go to the first. The verdict
 is three words with one margin both ways (verdict): "better" is the criterion docs/LOG.md stated before issue 62's
-runs (the interval's lower end above 0 and a mean difference of at least MARGIN), "worse" its mirror, and "no
-difference detected" the rest, beside the smallest difference those seeds could have detected (infra/stats.py).
+runs (the interval's lower end above 0 and a mean difference of at least MARGIN), "worse" its mirror, and "not
+detectable at this size" the rest, beside the smallest difference those seeds could have detected (infra/stats.py).
 Any method can be the baseline (--baseline), a variant too: `--baseline "ktae"` for `ktae[ktae-alpha=0]`.
 
 Equal wall-clock: each run's seconds in steps (metrics' time_step, sampling to optimizer step, evaluations left out;
@@ -262,6 +263,7 @@ def rows(runs: dict, baseline: str, threshold: float) -> list:
                         auc=interval(blame) if None not in blame else None,
                         base_accuracy=interval([evals(base[s])[max(evals(base[s]))] for s in common]),
                         d_step=interval(d_step), d_wall=interval(d_wall), d_length=interval(length),
+                        d_step_seeds=d_step, d_wall_seeds=d_wall,
                         mdd_step=detectable(d_step), mdd_wall=detectable(d_wall),
                         length=statistics.mean([[r["eval_response_len"] for r in seeds[s] if "eval_response_len" in r]
                                                 [-1] for s in common]),
@@ -338,6 +340,60 @@ def table(rows_: list, baseline: str, threshold: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def task_title(settings) -> str:
+    """What a comparison trained, in a line for its pictures, from its settings.json (tools.compare's): the task, the
+    model, the steps, the rollouts a step and the evaluation problems where the flags after -- set them.
+    task_title({"--dataset": {"name": "arith"}, "--steps": 40, "the train.py flags after --": ["--model",
+    "smollm2-135m", "--prompts-per-step", "8", "--group-size", "8", "--eval-limit", "128"]}) ==
+    "arith, smollm2-135m, 40 steps, 8 x 8 rollouts a step, 128 evaluation problems"; no settings: ''."""
+    if not isinstance(settings, dict):
+        return ""
+    dataset = settings.get("--dataset")
+    name = dataset.get("name") if isinstance(dataset, dict) else dataset
+    flags = settings.get("the train.py flags after --") or []
+    value = lambda flag: flags[flags.index(flag) + 1] if flag in flags[:-1] else None  # noqa: E731
+    parts = [str(name) if name else "", value("--model") or ("the task's own model" if name in ("tiny", "chain")
+                                                                 else ""),
+             f"{settings['--steps']} steps" if "--steps" in settings else ""]
+    if value("--prompts-per-step") and value("--group-size"):
+        parts.append(f"{value('--prompts-per-step')} x {value('--group-size')} rollouts a step")
+    if value("--eval-limit"):
+        parts.append(f"{value('--eval-limit')} evaluation problems")
+    return ", ".join(p for p in parts if p)
+
+
+def whose(seeds: list, folders: list) -> str:
+    """The runs a panel's baseline curve is, named: their seeds, and with several folders (a machine each) which
+    folder holds which. whose([0, 1], ["epyc"]) == "seeds 0, 1"; whose([(0, 2), (2, 3), (2, 4)], ["epyc", "xeon",
+    "xeon2"]) == "epyc: seed 2; xeon2: seeds 3, 4"."""
+    def said(xs):
+        return f"seed{'s' * (len(xs) > 1)} {', '.join(str(x) for x in xs)}"
+    if not seeds or not isinstance(seeds[0], tuple):
+        return said(list(seeds))
+    places = sorted({i for i, _ in seeds})
+    return "; ".join(f"{folders[i]}: {said([s for j, s in seeds if j == i])}" for i in places)
+
+
+CLIP = 0.4  # the difference plot's axis reaches at least +-CLIP (accuracy, 0-1 scale); a wider interval is clipped
+
+
+def axis_limit(rows_: list) -> float:
+    """The half-width of the difference plot's x axis: CLIP, or more where a seed's own difference (a dot) or a
+    mean lies beyond it, so that every seed is drawn; an interval's end beyond it is clipped and said (clipped)."""
+    far = [abs(x) for r in rows_ for key in ("d_step", "d_wall") for x in
+           [r[key][0], *r.get(key + "_seeds", [])] if x == x]
+    return max([CLIP, *[math.ceil((x + 0.02) * 10) / 10 for x in far]])  # a tenth beyond the farthest
+
+
+def clipped(r: dict, limit: float) -> str:
+    """The row's intervals that the axis cuts, with their ends, for its label: clipped({"d_step": (-0.115, -0.765,
+    0.535), "d_wall": (-0.2, -0.3, -0.1)}, 0.4) == "equal steps [-0.765, +0.535] clipped"; none: ''."""
+    cut = [f"{label} [{low:+.3f}, {high:+.3f}] clipped" for key, label in (("d_step", "equal steps"),
+                                                                           ("d_wall", "wall-clock"))
+           for _, low, high in [r[key][:3]] if low == low and (low < -limit or high > limit)]
+    return "; ".join(cut)
+
+
 def band(series: list) -> tuple:
     """Per step of the runs' common evaluations: steps, mean, lowest, highest run. The seeds' range, the band that
     plots.curves draws too (one kind of band everywhere): the uncertainty of a difference is the paired interval's
@@ -347,14 +403,16 @@ def band(series: list) -> tuple:
     return steps, [statistics.mean(v) for v in values], [min(v) for v in values], [max(v) for v in values]
 
 
-def plot(out: str, runs: dict, rows_: list, baseline: str):
+def plot(out: str, runs: dict, rows_: list, baseline: str, title: str = "", folders: tuple = ()):
+    """paired_curves.png and paired_diffs.png; title: the task (task_title), folders: the folders' names (a machine
+    each) for the baseline's curve in each panel."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     n = len(rows_)
     cols = min(4, max(1, n))
     rows_of_panels = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows_of_panels, cols, figsize=(max(3.2 * cols, 7), 2.6 * rows_of_panels + 0.5),
+    fig, axes = plt.subplots(rows_of_panels, cols, figsize=(max(3.4 * cols, 7), 2.8 * rows_of_panels + 0.7),
                              sharex=True, sharey=True, squeeze=False)
     for ax, r in zip(axes.flat, rows_):
         for name, colour in ((baseline, "0.45"), (r["method"], "C0" if verdict(*r["d_step"][:3]) != "better"
@@ -362,8 +420,8 @@ def plot(out: str, runs: dict, rows_: list, baseline: str):
             steps, mean, low, high = band([evals(runs[name][s]) for s in r["seeds"]])
             ax.plot(steps, mean, color=colour, marker="o", markersize=3, label=name)
             ax.fill_between(steps, low, high, color=colour, alpha=0.2)
-        ax.set_title(f"{r['method']} ({len(r['seeds'])} seed{'s' * (len(r['seeds']) > 1)}): {_ci(r['d_step'])}",
-                     fontsize=8)
+        ax.set_title(f"{r['method']} ({len(r['seeds'])} seed{'s' * (len(r['seeds']) > 1)}): {_ci(r['d_step'])}\n"
+                     f"grey: {baseline}, {whose(r['seeds'], list(folders))}", fontsize=7)
         ax.legend(fontsize=7, loc="lower right", frameon=False)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[n:]:
@@ -372,27 +430,38 @@ def plot(out: str, runs: dict, rows_: list, baseline: str):
         ax.set_xlabel("step")
     for ax in axes[:, 0]:
         ax.set_ylabel("greedy held-out accuracy")
-    fig.suptitle(f"each method against {baseline}, the same seeds: the mean over seeds, band from the lowest to the "
-                 f"highest seed\npanel title: the paired difference at the last step [95 % t-interval]", fontsize=9)
+    fig.suptitle((f"{title}\n" if title else "") + f"each method against {baseline}, the same seeds: the mean over "
+                 f"seeds, band from the lowest to the highest seed; grey: {baseline}'s runs of the panel's seeds\n"
+                 f"panel title: the paired difference at the last step [95 % t-interval], accuracy on a 0-1 scale",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "paired_curves.png"), dpi=110)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6.4, 0.45 * n + 1.4))
+    limit = axis_limit(rows_)
     for i, r in enumerate(rows_):
         for dy, key, marker, label in ((-0.12, "d_step", "o", "equal steps"),
                                        (0.12, "d_wall", "s", f"{baseline}'s wall-clock")):
-            mean, low, high = r[key]
+            mean, low, high = r[key][:3]
+            colour = "C0" if key == "d_step" else "C1"
             ax.errorbar(mean, i + dy, xerr=None if low != low else [[mean - low], [high - mean]], fmt=marker,
-                        color="C0" if key == "d_step" else "C1", capsize=3, label=label if i == 0 else None)
+                        color=colour, capsize=3, label=label + ": mean, 95 % t-interval" if i == 0 else None)
+            seeds = [x for x in r.get(key + "_seeds", []) if x == x]  # each seed's own difference, apart
+            ax.plot(seeds, [i + dy] * len(seeds), "x", color=colour, markersize=4, alpha=0.8,
+                    label="one seed's difference" if i == 0 and key == "d_step" else None)
     ax.axvline(0, color="0.3", linewidth=1)
     ax.axvline(MARGIN, color="C2", linestyle="--", linewidth=1,
                label=f"+-{MARGIN}: the margin 'better' and 'worse' need")
     ax.axvline(-MARGIN, color="C2", linestyle="--", linewidth=1)
     ax.set_yticks(range(n), [f"{r['method']} ({len(r['seeds'])} seed{'s' * (len(r['seeds']) > 1)}, detectable "
-                             f"{_mdd(r['mdd_step'])})" for r in rows_])
+                             f"{_mdd(r['mdd_step'])})" + (f"\n{clipped(r, limit)}" if clipped(r, limit) else "")
+                             for r in rows_])
     ax.set_ylim(n - 0.5, -0.5)  # the first method on top, each row's two markers inside the axes
-    ax.set_xlabel(f"greedy accuracy minus {baseline}'s, same seed: mean and 95 % t-interval over seeds")
+    ax.set_xlim(-limit, limit)  # an interval wider than the axis is cut at its edge and its ends said in its label
+    ax.set_xlabel(f"greedy accuracy minus {baseline}'s (0-1 scale), same seed: over seeds")
+    if title:
+        ax.set_title(title, fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.savefig(os.path.join(out, "paired_diffs.png"), dpi=110, bbox_inches="tight")  # long labels: no tight_layout
@@ -416,7 +485,8 @@ def write(out: str, baseline: str = "grpo", threshold: float = 0.5, more: tuple 
             f.write(md)
         with open(os.path.join(out, "paired.json"), "w") as f:  # the numbers, for a table elsewhere
             json.dump(rows_, f, indent=1)
-        plot(out, runs, rows_, baseline)
+        plot(out, runs, rows_, baseline, task_title(checkpoint.read_json(os.path.join(out, "settings.json"))),
+             tuple(os.path.basename(os.path.normpath(o)) for o in (out, *more)))
     except OSError as e:
         raise Unwritable(f"{out}: cannot be written ({e.strerror or e}); the table, made, is above", md) from None
     return md

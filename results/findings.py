@@ -1,0 +1,178 @@
+"""The numbers of docs/findings.md that tools.paired does not print, from the committed archives (issue 81):
+
+    python results/findings.py            # unpacks results/*/runs*.tar.gz into a temporary folder, prints Markdown
+
+1. Power per task: each rule's paired differences from grpo at equal steps (last evaluation, same seed, same machine),
+   their sd; the pooled sd (root mean square over the rules at five seeds); the minimum detectable difference at 80 %
+   power, (t_0.975(n-1) + t_0.80(n-1)) sd / sqrt(n) (infra/stats.py); the evaluation noise of one difference, bounded
+   by sqrt(2 p (1 - p) / n_eval) (two checkpoints each scored on n_eval problems, as if independent: p grpo's mean
+   accuracy at the last step; the same problems make the true figure smaller where the two checkpoints agree);
+   the rest, sqrt(sd^2 - eval^2), is training noise; the seeds a +0.03 effect would need (infra.stats.seeds_needed).
+2. grpo's same seed on other machines (SmolLM2: three folders, and grpo seed 3 of results/dapo-parts on the EPYC): the
+   difference of their last evaluations, a run of the same method and seed that differs only by float sums.
+3. What the credit rules act on: per rule, the groups a step that mix right and wrong answers (metrics'
+   groups_mixed; with DAPO's dynamic sampling, of the groups kept), the groups sampled (groups_generated), the share of
+   groups with a zero advantage (zero_adv_groups) and, where logged, tokens_reshaped; the mean over steps, then over
+   runs, with the runs' range.
+4. The wall-clock reading with each run's summed step times beside the median's (tools.paired uses the median), and
+   each rule's median step time over grpo's on the same seed and machine.
+"""
+import math
+import os
+import statistics
+import sys
+import tarfile
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from infra import stats  # noqa: E402
+from tools import paired  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TASKS = {"tiny": ["tiny-compare/runs.tar.gz"], "chain": ["chain-compare/runs.tar.gz"],
+         "SmolLM2 arith": ["smol-compare/runs.tar.gz", "smol-compare/runs-xeon.tar.gz",
+                           "smol-compare/runs-xeon2.tar.gz"]}
+NAMES = {"smol-compare/runs.tar.gz": "EPYC", "smol-compare/runs-xeon.tar.gz": "Xeon",
+         "smol-compare/runs-xeon2.tar.gz": "Xeon 2"}
+
+
+def unpack(tmp: str, archives: list, extra: str = None) -> list:
+    folders = []
+    for a in archives:
+        d = os.path.join(tmp, a.replace("/", "_").replace(".tar.gz", ""))
+        os.makedirs(d)
+        with tarfile.open(os.path.join(HERE, a)) as t:
+            t.extractall(d)
+        folders.append(d)
+    if extra:  # results/dapo-parts unpacks into the EPYC folder (its README)
+        with tarfile.open(os.path.join(HERE, extra)) as t:
+            t.extractall(folders[0])
+    return folders
+
+
+def last(recs):
+    acc = paired.evals(recs)
+    return acc[max(acc)]
+
+
+def mean_of(recs, key):
+    values = [r[key] for r in recs if r.get(key) is not None]
+    return statistics.mean(values) if values else None
+
+
+def summed(recs):
+    """seconds_to with each step at its own time_step (a sum), for the second wall-clock reading."""
+    times = {r["step"]: r["time_step"] for r in recs if "time_step" in r}
+    out, total = {0: 0.0}, 0.0
+    for s in sorted({r["step"] for r in recs} - {0}):
+        total += times.get(s, 0.0)
+        out[s] = total
+    return out
+
+
+def f3(x):
+    return "n/a" if x is None or x != x else f"{x:+.3f}"
+
+
+def power(task, runs):
+    base = runs["grpo"]
+    n_eval = [r["eval_n"] for recs in base.values() for r in recs if "eval_n" in r][0]
+    p = statistics.mean(last(recs) for recs in base.values())
+    noise = math.sqrt(2 * p * (1 - p) / n_eval)
+    print(f"\n### {task}: power (equal steps; accuracy differences on a 0-1 scale)\n")
+    print(f"grpo's mean accuracy at the last step p = {p:.3f}, n_eval = {n_eval} problems: evaluation noise of one "
+          f"difference <= sqrt(2 p (1-p) / n) = {noise:.3f}\n")
+    print("| rule | seeds | sd of the differences | detectable (80 % power) | training noise sqrt(sd^2 - eval^2) "
+          "| seeds for +0.03 |")
+    print("|---|---|---|---|---|---|")
+    five = []
+    for method in sorted(runs):
+        if method == "grpo" or "[" in method:
+            continue
+        common = sorted(set(runs[method]) & set(base))
+        d = [last(runs[method][s]) - last(base[s]) for s in common]
+        sd = statistics.stdev(d)
+        if len(d) == 5:
+            five.append(sd)
+        train = math.sqrt(max(0.0, sd ** 2 - noise ** 2))
+        print(f"| {method} | {len(d)} | {sd:.3f} | {stats.detectable(d):.3f} | {train:.3f} | "
+              f"{stats.seeds_needed(sd, 0.03)} |")
+    pooled = math.sqrt(statistics.mean(s ** 2 for s in five))
+    n5 = (stats.t975(4) + stats.t80(4)) * pooled / math.sqrt(5)
+    print(f"\nPooled over the {len(five)} rules at 5 seeds: sd {pooled:.3f} (range {min(five):.3f}-{max(five):.3f}), "
+          f"detectable at 5 seeds {n5:.3f}; evaluation noise {noise:.3f} is {noise ** 2 / pooled ** 2:.0%} of the "
+          f"variance, training noise sqrt({pooled:.3f}^2 - {noise:.3f}^2) = "
+          f"{math.sqrt(max(0, pooled ** 2 - noise ** 2)):.3f}; seeds for +0.03: {stats.seeds_needed(pooled, 0.03)} "
+          f"(with the evaluation noise alone, no training noise: {stats.seeds_needed(noise, 0.03)})")
+
+
+def machines(runs, names):
+    print("\n### SmolLM2 arith: grpo's same seed on other machines (last evaluation, step 40)\n")
+    by_seed = {}
+    for (i, seed), recs in runs["grpo"].items():
+        by_seed.setdefault(seed, []).append((names[i], last(recs)))
+    diffs = []
+    for seed, xs in sorted(by_seed.items()):
+        pairs = [(a, b) for k, a in enumerate(xs) for b in xs[k + 1:]]
+        for (na, a), (nb, b) in pairs:
+            diffs.append(a - b)
+            print(f"- seed {seed}: {na} {a:.3f}, {nb} {b:.3f}: {a - b:+.3f}")
+    absd = [abs(x) for x in diffs]
+    print(f"\n{len(diffs)} pairs: |difference| {min(absd):.3f}-{max(absd):.3f}, root mean square "
+          f"{math.sqrt(statistics.mean(x * x for x in diffs)):.3f} (the sd of a paired difference between two runs "
+          f"that differ only by float sums, if its mean is 0)")
+
+
+def groups(task, runs):
+    print(f"\n### {task}: what the rules act on (per step: mean over steps, then over runs [runs' range])\n")
+    print("| rule | runs | groups mixing right and wrong | groups sampled | groups with zero advantage (share) | "
+          "tokens reshaped (share) |")
+    print("|---|---|---|---|---|---|")
+    for method in sorted(runs):
+        rs = list(runs[method].values())
+
+        def cell(key, fmt="{:.1f}"):
+            xs = [m for m in (mean_of(r, key) for r in rs) if m is not None]
+            if not xs:
+                return "not logged"
+            return fmt.format(statistics.mean(xs)) + " [" + fmt.format(min(xs)) + ", " + fmt.format(max(xs)) + "]"
+        print(f"| {method} | {len(rs)} | {cell('groups_mixed')} | {cell('groups_generated')} | "
+              f"{cell('zero_adv_groups', '{:.2f}')} | {cell('tokens_reshaped', '{:.2f}')} |")
+
+
+def clock(task, runs):
+    print(f"\n### {task}: at grpo's wall-clock, each run's median step time x steps against the sum of its step "
+          f"times; the rule's median step time over grpo's (same seed and machine)\n")
+    median_rows = paired.rows(runs, "grpo", 0.5)
+    keep = paired.seconds_to
+    paired.seconds_to = summed
+    try:
+        sum_rows = {r["method"]: r for r in paired.rows(runs, "grpo", 0.5)}
+    finally:
+        paired.seconds_to = keep
+    print("| rule | seeds | median x steps | verdict | summed | verdict | read before the first evaluation after "
+          "step 0 (median / sum) | step time over grpo's |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in median_rows:
+        s = sum_rows[r["method"]]
+        ratio = [statistics.median(x["time_step"] for x in runs[r["method"]][k] if "time_step" in x) /
+                 statistics.median(x["time_step"] for x in runs["grpo"][k] if "time_step" in x) for k in r["seeds"]]
+        print(f"| {r['method']} | {len(r['seeds'])} | {paired._ci(r['d_wall'])} | {paired.verdict(*r['d_wall'])} | "
+              f"{paired._ci(s['d_wall'])} | {paired.verdict(*s['d_wall'])} | {r['early']} / {s['early']} | "
+              f"{min(ratio):.2f}-{max(ratio):.2f} |")
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        for task, archives in TASKS.items():
+            folders = unpack(tmp, archives, "dapo-parts/runs.tar.gz" if len(archives) > 1 else None)
+            runs = paired.finished(*folders)
+            power(task, runs)
+            groups(task, runs)
+            clock(task, runs)
+            if len(archives) > 1:
+                machines(runs, [NAMES[a] for a in archives])
+
+
+if __name__ == "__main__":
+    main()
