@@ -13,8 +13,8 @@ largest distance among the windows that hold it, over the group's mean hidden-st
                           K = 1 + ceil((T - w) / s) (1 if T <= w, 0 if T = 0): the last window reaches the end
        coverage           [G, K, T]: which token lies in which window of its rollout
     S3 costs              ||x - y||_2 between every pair of points of two sets of clouds
-       sinkhorn           <P, C> of the entropic plan between uniform measures (log domain), eps a fraction of the
-                          problem's mean cost; sinkhorn_w1 the same from the points
+       sinkhorn           <P, C> of the entropic plan between uniform measures (log domain, eps-scaling, rounded
+                          onto the couplings), eps a fraction of the problem's mean cost; sinkhorn_w1 from points
        window_distances   d_{i,k} = min over the other outcome's rollouts j and their windows l of W_eps(P_k^i, P_l^j)
     S4 mean_norm          n_bar: the group's mean ||h|| over its scored tokens
        weights            omega_t = max over the windows k holding t of d_k, / n_bar; 1 where no window was measured
@@ -105,8 +105,9 @@ def sinkhorn(C: torch.Tensor, a_mask: torch.Tensor, b_mask: torch.Tensor, eps: f
     """S3. The transport cost <P, C> of the entropic plan P between the uniform measures on the valid points of two
     clouds, for every cloud a [A] against every cloud b [B]: C [A, B, n, m], a_mask [A, n], b_mask [B, m] -> [A, B].
     P minimises <P, C> - e H(P) over the couplings, e = eps times the problem's mean cost over its valid pairs (scale
-    free); `iters` Sinkhorn iterations in the log domain (a fixed count: the same numbers in any chunking). Since P is
-    a coupling, W1 <= <P, C>; and <P, C> <= W1 + e log min(n, m). +inf where a cloud has no valid point."""
+    free): `iters` Sinkhorn iterations in the log domain (a fixed count: the same numbers in any chunking), e lowered
+    to its value over the first half. P is then rounded onto the couplings, so W1 <= <P, C> always; converged,
+    <P, C> <= W1 + e log min(n, m). +inf where a cloud has no valid point."""
     am, bm = a_mask.bool()[:, None, :], b_mask.bool()[None, :, :]  # [A, 1, n], [1, B, m]
     ok = am.any(-1) & bm.any(-1)  # [A, B]
     am, bm = am | ~am.any(-1, keepdim=True), bm | ~bm.any(-1, keepdim=True)  # an empty cloud solved on its padding
