@@ -9,7 +9,7 @@ surprisal) and a loss term (sdpg, or none), each from one table.
     --method oar-g       = grpo + oar-g      (O6 with O3's gradient scores)
     --method grail       = grpo + grail      (R6 with R3's gradient saliency of the rollout's own answer)
     --method entropy     = grpo + entropy    (E1: only the top 20 % of the batch's tokens by entropy learn)
-    --method shear       = grpo + shear      (S5 with S3's span Wasserstein distances of the hidden states)
+    --method shear       = grpo + shear      (S5 with S3's window Wasserstein distances of the hidden states)
     --method rlsd        = grpo + rlsd       (L4 with L3's teacher evidence: the model shown the gold answer)
     --method surprisal   = grpo + surprisal  (U1: a wrong rollout's advantage spread by its tokens' surprisal)
     --method sdpg        = dapo + sdpg term  (P4: the full-vocabulary KL to the model shown the answer, P3)
@@ -273,24 +273,26 @@ def surprisal_weighted(batch, rewards, mask, ctx) -> TokenAdvantages:
 
 
 def hidden_divergence(batch, rewards, mask, ctx) -> TokenAdvantages:
-    """SHEAR: S1-S4 weigh each token by how far its span's hidden states lie, as a distribution, from the same span
-    of the group's rollouts of the other outcome (K1's split, r_i > 0); S5 scales A_i by it. One no-grad forward of
-    the mixed groups' rollouts, --micro-batch-size at a time, in float32 whatever --bf16 says (as OAR's scores)."""
+    """SHEAR (Algorithm 1): S1-S4 weigh each token by the largest distance, among the windows that hold it, from its
+    window's hidden states to the nearest window of the group's rollouts of the other outcome (K1's split, r_i > 0),
+    over the group's mean hidden-state norm; S5 scales A_i by it. One no-grad forward of the mixed groups'
+    rollouts, --micro-batch-size at a time, in float32 whatever --bf16 says (as OAR's scores)."""
     a, seq = ctx.args, sequence_advantages(rewards, ctx)  # [N]
     correct = (rewards > 0).view(-1).to(mask.device)  # [N]
     with sample.float32(ctx.model):
-        w, got = shear.batch_weights(ctx.model, batch, correct, seq, mask, a.group_size, span=a.shear_span,
-                                     alpha=a.shear_alpha, chunk=a.micro_batch_size)  # [N, T]
+        w, got = shear.batch_weights(ctx.model, batch, correct, seq, mask, a.group_size, window=a.shear_window,
+                                     stride=a.shear_stride, eps=a.shear_eps, iters=a.shear_iters,
+                                     chunk=a.micro_batch_size)  # [N, T]
     tokens = shear.token_advantages(seq, w, mask)  # [N, T] S5
-    d, seen = got["distance"], got["measured"]  # [N, T], [N, T]
-    dbar = (d * seen).sum(-1, keepdim=True) / seen.sum(-1, keepdim=True).clamp(min=1)  # [N, 1] S4's, as it is there
-    span = shear.span_index(mask.shape[1], a.shear_span).to(mask.device).float()  # [T] S2
-    nan = torch.full_like(d, float("nan"))  # [N, T]
-    terms = {"S2 span": span.expand_as(d) * mask, "S3 distance d": torch.where(seen.bool(), d, nan),
-             "S4 rollout's mean dbar": torch.where(seen.bool(), dbar.expand_as(d), nan), "S4 weight": w,
+    seen = got["measured"].bool()  # [N, T]
+    nan = torch.full_like(w, float("nan"))  # [N, T]
+    terms = {"S2 window w (tokens)": torch.where(seen, got["window"], nan),
+             "S2 windows holding the token": torch.where(seen, got["windows"], nan),
+             "S3 d of its farthest window": torch.where(seen, got["distance"], nan),
+             "S4 n_bar (group's mean |h|)": torch.where(seen, got["n_bar"], nan), "S4 weight": w,
              "S5 A_i * weight": tokens,
-             NOTE + "not measured (no state of the other outcome in this span, or a group all right or all wrong): "
-             "weight 1": _flag(~seen.bool(), mask)}
+             NOTE + "not measured (a group all right or all wrong, or no state of the other outcome): weight 1":
+                 _flag(~seen, mask)}
     return TokenAdvantages(tokens, seq, w, terms)
 
 
@@ -417,10 +419,9 @@ def _grail_check(args):
 
 
 def _shear_check(args):
-    if args.shear_span < 1:
-        return f"--shear-span {args.shear_span}: S2's spans hold at least 1 token"
-    if not 0 <= args.shear_alpha <= 1:
-        return f"--shear-alpha {args.shear_alpha}: S4's weights stay at least 0 only for 0 <= shear-alpha <= 1"
+    if args.shear_stride is not None and args.shear_stride > args.shear_window:
+        return (f"--shear-stride {args.shear_stride}: longer than --shear-window {args.shear_window}, S2's windows "
+                f"would leave tokens out")
 
 
 def _rlsd_check(args):
@@ -466,8 +467,14 @@ GRAIL_KNOBS = (
     Knob("--grail-max", 5.0, "R5: the largest weight, and the box's content's", number),
 )
 SHEAR_KNOBS = (
-    Knob("--shear-span", 4, "S2: tokens a span (the hidden states compared as one set)", int),
-    Knob("--shear-alpha", 1.0, "S4: w = 1 + alpha (d / mean d - 1); 0 is GRPO, 1 the distance ratio itself", number),
+    Knob("--shear-window", 100, "S2: the longest window, in tokens (the paper's w); a group's window is "
+                                "min(this, max(2, ceil(its mean response length / 4)))", int, check=at_least(1)),
+    Knob("--shear-stride", None, "S2: a fixed stride (default: the group's window // 4, at least 1)", int,
+         check=at_least(1)),
+    Knob("--shear-eps", 0.05, "S3: Sinkhorn's entropic eps, as a fraction of each problem's mean cost", number,
+         check=above(0)),
+    Knob("--shear-iters", 100, "S3: Sinkhorn iterations (a fixed count; eps-scaling over the first half)", int,
+         check=at_least(1)),
 )
 # The defaults are the released launch script's (EQUATIONS.md#rlsd); --rlsd-lambda 1 --rlsd-decay-steps 0
 # --rlsd-sync-every 0 is the project's former variant, kept as an ablation
@@ -493,7 +500,7 @@ ENTROPY_KNOBS = (
 # heat maps: KTAE's values around 0 (K6's range is -1..1), OAR's and GRAIL's weights around 1 (O5's boost is
 # --oar-beta; R5 clips to 0.5..5), E1's entropies around the batch's threshold tau. blame: KTAE's most negative
 # key-token value, OAR's and GRAIL's highest weight (a wrong rollout's advantage is negative, so its largest weight
-# takes the most blame), E1's highest entropy. SHEAR's weights around 1 (S4's mean), blamed as OAR's; RLSD's evidence
+# takes the most blame), E1's highest entropy. SHEAR's weights around 1 (GRPO's), blamed as OAR's; RLSD's evidence
 # delta around 0 (L2), blamed where the teacher shown the answer finds the token least likely against the student
 # (-delta: on a wrong rollout L3's weight exp(-delta) before its clip, so the clip's ties do not hide the order).
 RULES = {

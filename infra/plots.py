@@ -48,12 +48,12 @@ LEGENDS = {
         "rollouts of negative advantage are weighted; in every rollout with a box, the box's content has weight 5 and "
         "its marker, closing brace and what follows 1."),
     "shear": (
-        "Colour: the token's SHEAR weight (S4): how far the hidden states of its span lie, as a distribution, from "
-        "the same span of this group's rollouts of the other outcome (a Wasserstein distance), relative to the "
-        "rollout's mean of 1. <b>Green</b>: above 1 (full colour at {hi:g}); <b>red</b>: below 1 (full colour at "
-        "{lo:g}); <b>no colour</b>: 1. A token's advantage is its rollout's sequence advantage <i>times</i> this "
-        "weight: <b>in a rollout with reward 0 green means more of the blame.</b><br>Every token of a span has its "
-        "span's weight; a group all right or all wrong stays uncoloured."),
+        "Colour: the token's SHEAR weight (S4): the largest distance, among the windows of hidden states that hold "
+        "it, from its window to the nearest window of this group's rollouts of the other outcome (an entropic "
+        "Wasserstein distance), over the group's mean hidden-state norm; 1 is GRPO's weight. <b>Green</b>: above 1 "
+        "(full colour at {hi:g}); <b>red</b>: below 1 (full colour at {lo:g}); <b>no colour</b>: 1. A token's "
+        "advantage is its rollout's sequence advantage <i>times</i> this weight: <b>in a rollout with reward 0 "
+        "green means more of the blame.</b><br>A group all right or all wrong stays uncoloured."),
     "rlsd": (
         "Colour: the teacher's evidence for the token (L2): its log-probability under the same model shown the gold "
         "answer (a frozen copy, re-taken every --rlsd-sync-every steps), minus the sampler's, centre 0, full colour at "

@@ -1,6 +1,11 @@
-"""SHEAR, S1-S5 of EQUATIONS.md#shear: each equation on numbers checked by hand, the rule on the tiny model."""
+"""SHEAR as Algorithm 1, S1-S5 of EQUATIONS.md#shear: each equation on numbers checked by hand (the arithmetic in the
+comments), S3's Sinkhorn against exact transports (by hand, and scipy's assignment solver), the rule on the tiny
+model."""
+import math
+
 import pytest
 import torch
+from scipy.optimize import linear_sum_assignment
 
 import grpo
 import methods
@@ -8,76 +13,139 @@ import sample
 import shear
 from config import training
 
-
-def test_s2_spans_of_k_tokens_from_the_responses_first_token():
-    assert shear.span_index(5, 2).tolist() == [0, 0, 1, 1, 2]
-    assert shear.span_index(3, 1).tolist() == [0, 1, 2]
+EPS, ITERS = 0.05, 100  # the knobs' defaults
 
 
-def test_s3_wasserstein_1d_by_hand_and_its_padding_ignored():
-    # F_x - F_y: 1/2 on [0, 1), 1 - 1/3 on [1, 2), 1 - 2/3 on [2, 3): 0.5 + 2/3 + 1/3 = 1.5
-    x, y = torch.tensor([[[0.0], [1.0]]]), torch.tensor([[[1.0], [2.0], [3.0], [-50.0]]])  # y's last is padding
-    got = shear.wasserstein_1d(x, torch.ones(1, 2), y, torch.tensor([[1, 1, 1, 0]]))
-    assert torch.allclose(got, torch.tensor([[1.5]]))
-    # the CDFs cross: {0, 3} vs {1, 2}: 1/2 on [0, 1), 0 on [1, 2), |1/2 - 1| on [2, 3): 1 (0 -> 1 and 3 -> 2)
-    cross = shear.wasserstein_1d(torch.tensor([[[0.0], [3.0]]]), torch.ones(1, 2), torch.tensor([[[1.0], [2.0]]]),
-                                 torch.ones(1, 2))
-    assert torch.allclose(cross, torch.tensor([[1.0]]))
-    # two dimensions at once, each its own: {0, 1} vs {0, 1} is 0; {0, 0} vs {4, 4} is 4
-    x2, y2 = torch.tensor([[[0.0, 0.0], [1.0, 0.0]]]), torch.tensor([[[0.0, 4.0], [1.0, 4.0]]])
-    assert torch.allclose(shear.wasserstein_1d(x2, torch.ones(1, 2), y2, torch.ones(1, 2)), torch.tensor([[0.0, 4.0]]))
-    # a side with no value: 0, marked unmeasured by its caller
-    assert shear.wasserstein_1d(x, torch.zeros(1, 2), y, torch.ones(1, 4)).item() == 0
+def test_s3_two_points_each_against_the_exact_transport():
+    # x = {(0, 0), (1, 0)}, y = {(0, 1), (1, 1)}: C = [[1, sqrt 2], [sqrt 2, 1]]; straight up costs (1 + 1) / 2 = 1,
+    # crossed (sqrt 2 + sqrt 2) / 2 = 1.414, so W1 = 1. e = 0.05 x mean C = 0.05 (2 + 2 sqrt 2) / 4 = 0.060355
+    x, y = torch.tensor([[[0.0, 0.0], [1.0, 0.0]]]), torch.tensor([[[0.0, 1.0], [1.0, 1.0]]])
+    got = shear.sinkhorn_w1(x, torch.ones(1, 2), y, torch.ones(1, 2), EPS, ITERS)  # [1, 1]
+    e = EPS * (2 + 2 * math.sqrt(2)) / 4
+    assert 1 - 1e-6 <= got.item() <= 1 + e * math.log(2)  # W1 <= W_eps <= W1 + e log n
+    # the 2 x 2 plan is [[p, 1/2 - p], [1/2 - p, p]], (1/2 - p) / p = exp(-D / 2e), D = 2 sqrt 2 - 2 what crossing
+    # adds: W_eps = 1 + D / (2 (1 + exp(D / 2e))) = 1 + 0.8284 / (2 x 957.4) = 1.000433
+    D = 2 * math.sqrt(2) - 2
+    assert got.item() == pytest.approx(1 + D / (2 * (1 + math.exp(D / (2 * e)))), abs=1e-6)
+    # a padded point (mask 0), however far, is not there; a cloud with no point has no distance (inf)
+    y3 = torch.tensor([[[0.0, 1.0], [50.0, 50.0], [1.0, 1.0]]])
+    assert torch.allclose(shear.sinkhorn_w1(x, torch.ones(1, 2), y3, torch.tensor([[1, 0, 1]]), EPS, ITERS), got)
+    assert shear.sinkhorn_w1(x, torch.zeros(1, 2), y, torch.ones(1, 2), EPS, ITERS).item() == math.inf
 
 
-def _group():
-    """The docstring's example, H = 1, K = 2: a wrong rollout [0, 1 | 5, 6], a right one [1, 2 | 5, 6], and a right
-    one of a single token [3]."""
-    h = torch.tensor([[0.0, 1, 5, 6], [1, 2, 5, 6], [3, 0, 0, 0]])[..., None]  # [3, 4, 1]
-    mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 1], [1, 0, 0, 0]])
-    return h, mask, torch.tensor([False, True, True])
+def test_s3_sinkhorn_against_scipys_exact_assignment():
+    # equal-size uniform clouds: W1 is an assignment's mean cost, which linear_sum_assignment finds exactly; every
+    # cloud of x against every cloud of y at once, [3, 4]
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 6, 5), torch.randn(4, 6, 5) + 0.5
+    got = shear.sinkhorn_w1(x, torch.ones(3, 6), y, torch.ones(4, 6), EPS, ITERS)  # [3, 4]
+    for a in range(3):
+        for b in range(4):
+            C = torch.cdist(x[a].double(), y[b].double()).numpy()  # [6, 6]
+            w1 = C[linear_sum_assignment(C)].mean()
+            assert w1 - 1e-5 <= got[a, b].item() <= w1 + EPS * C.mean() * math.log(6)
 
 
-def test_s3_each_span_against_the_same_span_of_the_other_outcome():
-    h, mask, correct = _group()
-    d, measured = shear.span_distances(h, mask, correct, span=2)
-    # wrong: span 0 {0, 1} vs the right ones' pooled {1, 2, 3}: 1.5; span 1 {5, 6} vs {5, 6}: 0
-    # right 1: span 0 {1, 2} vs the wrong one's {0, 1}: a shift by 1; span 1: 0
-    # right 2: {3} vs {0, 1}: (3 + 2) / 2 = 2.5 (its own outcome's rollout, right 1, is not in its pool)
-    assert torch.allclose(d, torch.tensor([[1.5, 1.5, 0, 0], [1, 1, 0, 0], [2.5, 0, 0, 0]]))
-    assert torch.equal(measured, mask)
-    # the same by any number of rollouts at a time (speed only)
-    d1, _ = shear.span_distances(h, mask, correct, span=2, max_elements=1)
-    assert torch.equal(d1, d)
+def test_s2_windows_start_every_s_tokens_and_the_last_reaches_the_end():
+    # K = 1 + ceil((T - w) / s): T = 10, w = 4, s = 3: 1 + 2 = 3 windows [0, 4), [3, 7), [6, 10)
+    starts, ends = shear.windows(10, 4, 3)
+    assert starts.tolist() == [0, 3, 6] and ends.tolist() == [4, 7, 10]
+    # T = 11: 1 + ceil(7 / 3) = 4, the last [9, 11) shorter (the paper's min(a_k + w - 1, T))
+    starts, ends = shear.windows(11, 4, 3)
+    assert starts.tolist() == [0, 3, 6, 9] and ends.tolist() == [4, 7, 10, 11]
+    # shorter than a window: one window of all of it; empty: none
+    assert [t.tolist() for t in shear.windows(3, 4, 1)] == [[0], [3]]
+    assert [t.tolist() for t in shear.windows(0, 4, 1)] == [[], []]
+    # the paper's w = 100, s = 25 on 3,000 tokens: 1 + 2,900 / 25 = 117 windows, the last [2900, 3000)
+    starts, ends = shear.windows(3000, 100, 25)
+    assert len(starts) == 117 and (starts[-1].item(), ends[-1].item()) == (2900, 3000)
 
 
-def test_s3_a_rollout_of_its_own_outcome_never_enters_its_pool():
-    # a fourth rollout, wrong and far away: the wrong rollout's distances do not move, the right ones' do
-    h, mask, correct = _group()
-    h4, mask4 = torch.cat([h, torch.full((1, 4, 1), 100.0)]), torch.cat([mask, torch.ones(1, 4)])
-    d, _ = shear.span_distances(h4, mask4, torch.cat([correct, torch.tensor([False])]), span=2)
-    assert torch.allclose(d[0], torch.tensor([1.5, 1.5, 0, 0])) and d[1, 0] > 1
+def test_s2_the_window_rule_fits_short_and_long_answers():
+    # w = min(w_max, max(2, ceil(mean / 4))), s = max(1, w // 4): mean 40 -> (10, 2); mean 3,000 -> (100, 25)
+    assert shear.window_size(torch.tensor([30, 50]), 100) == (10, 2)
+    assert shear.window_size(torch.tensor([2900, 3100]), 100) == (100, 25)
+    assert shear.window_size(torch.tensor([3, 0]), 100) == (2, 1)  # ceil(1.5 / 4) = 1, at least 2
+    assert shear.window_size(torch.tensor([40]), 100, stride=7) == (10, 7)  # a fixed stride
+    assert shear.window_size(torch.tensor([40]), 100, stride=20) == (10, 10)  # at most w: no token left out
+    # coverage: lengths 5 (w = 4, s = 2: 1 + ceil(1 / 2) = 2 windows, [0, 4) and [2, 5)) and 0 (none)
+    cover = shear.coverage(torch.tensor([[1, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]]), 4, 2)  # [2, 2, 6]
+    assert cover[0].int().tolist() == [[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 0]] and not cover[1].any()
 
 
-def test_s4_weights_keep_the_rollouts_mass_and_alpha_moves_them_towards_one():
-    h, mask, correct = _group()
-    d, measured = shear.span_distances(h, mask, correct, span=2)
-    # wrong: dbar = (1.5 + 1.5 + 0 + 0) / 4 = 0.75 -> 1.5 / 0.75 = 2 and 0; right 1: dbar 0.5 -> 2 and 0
-    # right 2: one token, d / dbar = 1
-    w = shear.weights(d, measured, mask, alpha=1.0)
-    assert torch.allclose(w, torch.tensor([[2.0, 2, 0, 0], [2, 2, 0, 0], [1, 0, 0, 0]]))
-    assert torch.allclose(w.sum(-1), mask.sum(-1))  # the mass: each rollout's weights sum to its tokens
-    # alpha 0.5: 1 + 0.5 (2 - 1) = 1.5 and 1 + 0.5 (0 - 1) = 0.5
-    assert torch.allclose(shear.weights(d, measured, mask, alpha=0.5)[0], torch.tensor([1.5, 1.5, 0.5, 0.5]))
-    # an unmeasured token keeps 1 and the measured ones keep their own mass; all distances 0: all 1
-    half = torch.tensor([[1.0, 1, 0, 0]])
-    assert torch.allclose(shear.weights(torch.tensor([[3.0, 1, 0, 0]]), half, torch.ones(1, 4)),
-                          torch.tensor([[1.5, 0.5, 1, 1]]))
-    assert torch.equal(shear.weights(torch.zeros(1, 4), torch.ones(1, 4), torch.ones(1, 4)), torch.ones(1, 4))
+def test_s3_each_window_keeps_its_nearest_window_of_the_other_outcome():
+    # single-point windows (w = s = 1): W1 of two points is their distance. Wrong rollout A: (0, 0), (3, 4); right
+    # rollouts B: (0, 1) and C: (6, 8), (0, 1)
+    h = torch.tensor([[[0.0, 0.0], [3.0, 4.0]], [[0.0, 1.0], [0.0, 0.0]], [[6.0, 8.0], [0.0, 1.0]]])  # [3, 2, 2]
+    mask, correct = torch.tensor([[1, 1], [1, 0], [1, 1]]), torch.tensor([False, True, True])
+    cover = shear.coverage(mask, 1, 1)  # [3, 2, 2]
+    d = shear.window_distances(h, cover, correct, 1, 1, EPS, ITERS)  # [3, 2]
+    r18 = math.sqrt(18)
+    # A (0, 0): min(1 to B, 10 and 1 to C) = 1; A (3, 4): min(sqrt 18 to B, 5 and sqrt 18 to C) = 4.243
+    # B (0, 1): min(1, sqrt 18) = 1: C's (0, 1), at 0, is of its own outcome and never compared; B's window 2: none
+    # C (6, 8): min(10, 5) = 5; C (0, 1): min(1, sqrt 18) = 1
+    assert torch.allclose(d, torch.tensor([[1.0, r18], [1.0, math.inf], [5.0, 1.0]]), atol=1e-5)
+    # any number of windows a solve (speed only): the same numbers
+    assert torch.equal(shear.window_distances(h, cover, correct, 1, 1, EPS, ITERS, max_elements=1), d)
+
+
+def _example():
+    """The module docstring's worked example: H = 1, a wrong rollout [0, 1, 4], a right one [0, 2]."""
+    h = torch.tensor([[0.0, 1.0, 4.0], [0.0, 2.0, 0.0]])[..., None]  # [2, 3, 1]
+    return h, torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]), torch.tensor([False, True])
+
+
+def test_s3_windows_of_two_states_by_hand():
+    # w = 2, s = 1: W1({0, 1}, {0, 2}) = (0 + 1) / 2 = 0.5, W1({1, 4}, {0, 2}) = (1 + 2) / 2 = 1.5; the right rollout's
+    # one window keeps min(0.5, 1.5). Sinkhorn's excess: D (1/2 - p) = 2 / (1 + exp(D / 2e)), D = 2, e = 0.05 x
+    # mean C (1 and 2): 4e-9 and 9e-5
+    h, mask, correct = _example()
+    d = shear.window_distances(h, shear.coverage(mask, 2, 1), correct, 2, 1, EPS, ITERS)  # [2, 2]
+    assert torch.allclose(d, torch.tensor([[0.5, 1.5], [0.5, math.inf]]), atol=2e-4)
+
+
+def test_s4_the_farthest_window_holding_a_token_over_the_groups_mean_norm():
+    cover = shear.coverage(torch.ones(1, 3), 2, 1)  # [1, 2, 3] windows [0, 2) and [1, 3)
+    n_bar = torch.tensor(1.4)
+    # token 0 in window 0 only: 0.5 / 1.4 = 0.357; tokens 1 (both windows: max(0.5, 1.5)) and 2: 1.5 / 1.4 = 1.071
+    omega, measured, top = shear.weights(torch.tensor([[0.5, 1.5]]), cover, n_bar, torch.ones(1, 3))
+    assert torch.allclose(omega, torch.tensor([[0.5, 1.5, 1.5]]) / 1.4) and torch.equal(measured, torch.ones(1, 3))
+    assert torch.allclose(top, torch.tensor([[0.5, 1.5, 1.5]]))
+    # a window with nothing to compare with (inf) does not count: token 2, in it alone, keeps 1
+    omega, measured, _ = shear.weights(torch.tensor([[0.5, math.inf]]), cover, n_bar, torch.ones(1, 3))
+    assert torch.allclose(omega, torch.tensor([[0.5 / 1.4, 0.5 / 1.4, 1.0]])) and measured.tolist() == [[1, 1, 0]]
+    # n_bar over the scored tokens: |(3, 4)| = 5 and |(0, 0)| = 0: 2.5; the second unscored: 5
+    h = torch.tensor([[[3.0, 4.0], [0.0, 0.0]]])
+    assert shear.mean_norm(h, torch.ones(1, 2)).item() == 2.5 and shear.mean_norm(h, torch.tensor([[1, 0]])) == 5
+    # the worked example end to end: n_bar = (0 + 1 + 4 + 0 + 2) / 5 = 1.4, no per-rollout renormalisation
+    h, mask, correct = _example()
+    omega, got = shear.group_weights(h, mask, correct, window=2, eps=EPS, iters=ITERS)
+    assert torch.allclose(omega, torch.tensor([[0.5, 1.5, 1.5], [0.5, 0.5, 0.0]]) / 1.4, atol=2e-4)
+    assert got["n_bar"][0, 0].item() == pytest.approx(1.4) and got["windows"].tolist() == [[1, 2, 1], [1, 1, 0]]
+
+
+def test_s4_one_outcome_short_and_empty_responses():
+    h, mask, _ = _example()
+    # a group of one outcome has no other set: GRPO's weight 1 on every scored token, nothing measured
+    omega, got = shear.group_weights(h, mask, torch.tensor([True, True]), window=100, eps=EPS, iters=ITERS)
+    assert torch.equal(omega, mask) and not got["measured"].any()
+    # a response shorter than the window is one window: lengths 40 and 2, mean 21: w = ceil(21 / 4) = 6 > 2
+    torch.manual_seed(0)
+    h2, mask2 = torch.randn(2, 40, 3), torch.zeros(2, 40)
+    mask2[0], mask2[1, :2] = 1, 1
+    omega, got = shear.group_weights(h2, mask2, torch.tensor([False, True]), window=100, eps=EPS, iters=ITERS)
+    assert got["window"][0, 0] == 6 and shear.coverage(mask2, 6, 1)[1].any(-1).sum() == 1
+    assert torch.isfinite(omega).all() and got["measured"][1, :2].all() and not omega[1, 2:].any()
+    # an empty response (all its mask 0): no token to weigh, no NaN; when it is the only wrong one, the right
+    # ones have nothing to compare with and keep 1
+    mask3 = mask.clone()
+    mask3[0] = 0
+    omega, got = shear.group_weights(h, mask3, torch.tensor([False, True]), window=2, eps=EPS, iters=ITERS)
+    assert torch.equal(omega, mask3) and not got["measured"].any() and torch.isfinite(omega).all()
 
 
 def test_s5_the_advantage_times_the_weight_and_the_losss_gradient():
-    # A = [-0.8, 0.8], weights [2, 0] and [1, 1]: A_t = [-1.6, 0] and [0.8, 0.8]; the weights are constants
+    # A = [-0.8, 0.8], weights [2, 0] and [1, 1]: A_t = [-1.6, 0] and [0.8, 0.8] (the sign A_i's); no gradient
     w = torch.tensor([[2.0, 0.0], [1.0, 1.0]], requires_grad=True)
     adv = shear.token_advantages(torch.tensor([-0.8, 0.8]), w, torch.ones(2, 2))
     assert torch.allclose(adv, torch.tensor([[-1.6, 0.0], [0.8, 0.8]])) and not adv.requires_grad
@@ -101,7 +169,7 @@ def test_s1_the_last_layers_state_at_each_response_token(base):
     assert torch.allclose(got, want, atol=1e-5)
 
 
-def test_the_rule_weighs_mixed_groups_only_and_keeps_each_rollouts_mass(base):
+def test_the_rule_weighs_mixed_groups_only_and_keeps_each_advantages_sign(base):
     model, tok = base
     torch.manual_seed(0)
     problems = [{"prompt": "Q:7+8-9=?\nA:", "answer": "6"}, {"prompt": "Q:1+2=?\nA:", "answer": "3"}]
@@ -112,15 +180,18 @@ def test_the_rule_weighs_mixed_groups_only_and_keeps_each_rollouts_mass(base):
     ctx = methods.Context(training.parse_args(["--method", "shear", "--group-size", "4"]), model, tok, problems)
     got = methods.RULES["shear"].advantages(batch, rewards, mask, ctx)
     assert torch.allclose(got.tokens, shear.token_advantages(got.seq, got.values, mask))
-    assert torch.allclose(got.values[:4].sum(-1), mask[:4].sum(-1), rtol=1e-5)  # S4's mass, per rollout
-    assert not torch.allclose(got.values[:4], mask[:4])  # the weights moved
-    assert torch.equal(got.values[4:], mask[4:])  # an all-wrong group is not scored
+    assert torch.isfinite(got.tokens).all() and (got.tokens * got.seq[:, None] >= 0).all()  # A_i's sign, S5
+    assert (got.values[:4] >= 0).all() and not torch.allclose(got.values[:4], mask[:4])  # the weights moved
+    assert torch.equal(got.values[4:], mask[4:])  # an all-wrong group is not scored: GRPO's
+    assert got.terms["S4 weight"] is got.values and got.terms["S2 window w (tokens)"][0, 0] >= 2
     # blame: a wrong rollout's highest weight (its advantage is negative)
     assert torch.equal(methods.RULES["shear"].blame(got, batch, mask, ctx.args), got.values)
 
 
-@pytest.mark.parametrize("flags, message", [(["--shear-span", "0"], "--shear-span 0"),
-                                            (["--shear-alpha", "1.5"], "--shear-alpha 1.5")])
+@pytest.mark.parametrize("flags, message", [(["--shear-window", "0"], "--shear-window 0"),
+                                            (["--shear-eps", "0"], "--shear-eps 0"),
+                                            (["--shear-iters", "0"], "--shear-iters 0"),
+                                            (["--shear-window", "4", "--shear-stride", "5"], "--shear-stride 5")])
 def test_bad_settings_are_one_line_naming_the_flag(flags, message):
     with pytest.raises(SystemExit, match=message):
         training.parse_args_one_line(["--method", "shear", *flags])

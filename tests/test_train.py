@@ -185,8 +185,8 @@ def test_token_level_methods_write_heat_maps_and_concentrate_the_advantage(base,
         assert "boxed answer and EOS keep weight 1" in page
     elif method == "grail":  # by weight too: a box's content at 5 (full green), its marker and the EOS at 1
         assert "GRAIL weights" in page and ("+1.000", "") in tokens and any(v == "+5.000" for v, _ in tokens)
-    elif method.endswith("shear"):  # by weight: a span's tokens share it; the wrong rollouts' spans apart
-        assert "SHEAR weights" in page and "relative to the rollout's mean of 1" in page
+    elif method.endswith("shear"):  # by weight: the distance of the farthest window holding the token, over n_bar
+        assert "SHEAR weights" in page and "over the group's mean hidden-state norm" in page
     elif method == "rlsd":  # by the teacher's evidence, around 0
         assert "teacher evidence" in page and "shown the gold answer" in page
     else:
