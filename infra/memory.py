@@ -159,6 +159,10 @@ def n_params(cfg) -> int:
     return sum(v for k, v in parameters(cfg).items() if k != "adapters")
 
 
+# shear.py's max_elements default: the cost values one Sinkhorn solve holds (tests/test_shear.py checks they agree)
+SINKHORN_ELEMENTS = 2 ** 24
+
+
 def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_new_tokens: int, micro_batch: int,
                 bf16: bool, grad_checkpointing: bool, reference: bool, ref_on_cpu: bool, group_size: int = 1,
                 lora_rank: int = 0, lora_targets=lora.TARGETS, oar_chunk: int = 0, oar_gradient: bool = False,
@@ -255,6 +259,12 @@ def memory_plan(cfg, *, rollouts: int, gen_rollouts: int, prompt_len: int, max_n
                 micro_batch * seq * per_layer * 4,
             **({f"its kept hidden states: {rollouts} rows x {max_new_tokens} tokens x {H} (float32)":
                 rollouts * max_new_tokens * H * 4} if forward_once == "hidden states" else {}),
+            # SHEAR's S3 after the forward: a chunk of SINKHORN_ELEMENTS costs with its kernel, potentials and plan
+            # (about 5 such arrays), and one rollout's token distances to its group; what exceeds the forward's
+            # per-layer work, freed by then, is added
+            **({"SHEAR's Sinkhorn solves (S3) beyond the forward's freed work (float32)": max(0, (
+                5 * SINKHORN_ELEMENTS + max_new_tokens * group_size * max_new_tokens) * 4
+                - micro_batch * seq * per_layer * 4)} if forward_once == "hidden states" else {}),
             **({f"its output layer, {teacher_chunk} tokens at a time": teacher_chunk * V * 3 * 4}
                if forward_once == "logits" else {}),
         }

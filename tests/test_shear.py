@@ -195,3 +195,19 @@ def test_the_rule_weighs_mixed_groups_only_and_keeps_each_advantages_sign(base):
 def test_bad_settings_are_one_line_naming_the_flag(flags, message):
     with pytest.raises(SystemExit, match=message):
         training.parse_args_one_line(["--method", "shear", *flags])
+
+
+def test_the_memory_plan_counts_the_sinkhorn_chunk_shear_uses():
+    """infra/memory.py plans SHEAR's solves at shear.py's own chunk (it may not import an equation module)."""
+    import inspect
+    from infra import memory
+    assert inspect.signature(shear.window_distances).parameters["max_elements"].default == memory.SINKHORN_ELEMENTS
+    from infra import models
+    cfg = models.load_config("tiny")  # H 128, I 384, 2 KV heads of 32: per layer 10 x 128 + 2 x 64 + 4 x 384 = 2944
+    kw = dict(rollouts=16, gen_rollouts=16, prompt_len=4, max_new_tokens=3000, micro_batch=1, bf16=False,
+              grad_checkpointing=False, reference=False, ref_on_cpu=False, group_size=8)
+    plan = memory.memory_plan(cfg, forward_once="hidden states", **kw)["advantage"]
+    got = next(v for k, v in plan.items() if k.startswith("SHEAR's Sinkhorn"))
+    # (5 x 2^24 + 3000 x 8 x 3000) x 4 bytes = (83,886,080 + 72,000,000) x 4 = 623,544,320, less the forward's
+    # freed work of one row: (4 + 3000 + 16) tokens x 2944 x 4 = 35,563,520
+    assert got == 623_544_320 - 35_563_520
