@@ -384,7 +384,7 @@ class Rule:
     # embeddings); None when it does not. TRL splits that work across processes; the memory plan counts it.
     scoring: str = None
     # Whether the rule's values need the rollout's group (KTAE's K2 counts tokens over it): an answer made elsewhere,
-    # with no group, is scored only by the rules that need none (tools/attribution.py --responses)
+    # with no group, is scored only by the rules that need none (tools/attribution/ --responses)
     needs_group: bool = False
     # What the rule keeps of one forward of each rollout it scores, run without a gradient --micro-batch-size rollouts
     # at a time: "hidden states" (SHEAR's, of every scored token) or "logits" (RLSD's teacher, its output layer a
