@@ -97,7 +97,8 @@ def main(argv=None):
           f"freed memory {'kept' if args.keep else 'handed back'} after each call")
     plan = memory.memory_plan(model.config, rollouts=args.n * args.prefixes, gen_rollouts=args.n * args.prefixes,
                               prompt_len=high, max_new_tokens=args.max_new_tokens, micro_batch=1, bf16=args.bf16,
-                              grad_checkpointing=False, beta=0, ref_on_cpu=False, first_step=True)["sampling"]
+                              grad_checkpointing=False, reference=False, ref_on_cpu=False,
+                              first_step=True)["sampling"]
     print(f"the memory plan's sampling phase at this shape (infra/memory.py, prefixes of {high}): "
           f"{sum(plan.values()) / memory.GiB:.2f} GiB (" + ", ".join(f"{k} {v / memory.GiB:.2f}" for k, v in
                                                                     plan.items()) + ")")
