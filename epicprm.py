@@ -4,7 +4,7 @@ EpicPRM (Sun et al. 2025, "An Efficient and Precise Training Data Construction F
 Reward Model in Mathematical Reasoning", arXiv 2503.02382; OmegaPRM and Math-Shepherd estimate the same thing): a
 prefix of a wrong solution is still sound if the model, continuing from it, often reaches the right answer; a
 bisection over the solution's steps finds the first step after which it no longer does. Here it is the ground
-truth against which every token rule's blame is scored on a real model (tools/attribution.py), where the synthetic
+truth against which every token rule's blame is scored on a real model (tools/attribution/), where the synthetic
 tasks know theirs exactly (toyworld/credit.py: the same bisection, over the exact test).
 
     F1 steps          a response's non-empty lines, each with its token span

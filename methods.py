@@ -29,8 +29,8 @@ the per-token quantity the heat maps colour (KTAE's key-token values, OAR's weig
 A new rule is one function and one entry in RULES; `--method grpo+NAME` and `--method dapo+NAME` then exist, with
 every flag, log and checkpoint of the others (README.md, "Adding a token rule", has a worked one that the tests
 run). A Rule also owns everything else about itself: its flag defaults, its checks, its heat map, where it puts
-the blame for a wrong answer (toyworld/credit.py measures that against the first error the synthetic tasks know;
-without one every token is blamed alike, as in GRPO), and what TRL needs to know of it (scaling/trl_grpo.py).
+the blame for a wrong answer (toyworld/credit.py measures that against the first error the synthetic tasks know,
+epicprm.py against the first wrong step on a real model; without one every token is blamed alike, as in GRPO), and what TRL needs to know of it (scaling/trl_grpo.py).
 A loss term (TERMS, LossTerm) adds its own loss to the surrogate's, one value per token aggregated as it is (G5):
 SDPG's self-distillation. It reads one micro-batch of the update (Piece: the policy's last hidden states, its log-probs,
 the reference's) and returns the per-token loss; train.update adds it. No other module tests a method's, a rule's or a
@@ -386,7 +386,7 @@ class Rule:
     # embeddings); None when it does not. TRL splits that work across processes; the memory plan counts it.
     scoring: str = None
     # Whether the rule's values need the rollout's group (KTAE's K2 counts tokens over it): an answer made elsewhere,
-    # with no group, is scored only by the rules that need none (tools/attribution.py --responses)
+    # with no group, is scored only by the rules that need none (tools/attribution/ --responses)
     needs_group: bool = False
     # What the rule keeps of one forward of each rollout it scores, run without a gradient --micro-batch-size rollouts
     # at a time: "hidden states" (SHEAR's, of every scored token) or "logits" (RLSD's teacher, its output layer a

@@ -308,7 +308,7 @@ def batch_weights(model, batch: dict, answers: list, cue: list, adv_seq, tokeniz
                   details: dict = None):
     """O1-O5 (token_weights) for a batch of sample.generate(): weights [N, T]. answers: the gold answer's ids and
     "}" per rollout; cue: the conclude cue's ids; adv_seq [N]. share_rows: OAR-P's speed path (False: the plain
-    one, for tools/bench's A/B). details: as token_weights's."""
+    one, for tools/perf/bench's A/B). details: as token_weights's."""
     prompts, responses, texts = rollouts(batch, tokenizer, pieces)
     return token_weights(model, prompts, responses, texts, answers, cue, adv_seq, batch["response_mask"].shape[1],
                          tokenizer.pad_token_id, scorer=scorer, probe=probe, q=q, beta=beta, sigma=sigma, chunk=chunk,

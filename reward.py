@@ -296,7 +296,7 @@ def length_parity(response: str, gold: str, stats: dict = None) -> bool:
     even number of characters, whatever the gold answer. A random-weight or weak model (a 0.5B model on GSM8K with
     40 new tokens) gets every answer wrong, so no group mixes right and wrong, every advantage is 0, and train.py
     skips the training pass; under this grader about half of any group is right, so nearly every group mixes and
-    a step does its full work, the same in every method (tools/bench.py). Counted in stats like is_correct."""
+    a step does its full work, the same in every method (tools/perf/bench.py). Counted in stats like is_correct."""
     stats = stats if stats is not None else new_stats()
     stats["graded"] += 1
     return len(str(response)) % 2 == 0

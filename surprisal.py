@@ -1,6 +1,6 @@
 """Surprisal-weighted blame: equation U1 of EQUATIONS.md#u1--surprisal-weighted-blame, as pure functions over tensors.
 
-This project's own rule, not a paper's. The attribution tables (docs/LOG.md, tools/attribution.py) found that on
+This project's own rule, not a paper's. The attribution tables (docs/LOG.md, tools/attribution/) found that on
 Qwen2.5-Coder's wrong answers the first wrong step is located best by a free baseline, the sampled tokens'
 surprisal (-log p at the sampling temperature, step AUC 0.73-0.76), and by none of the papers' credit rules. U1 asks
 whether training with that blame helps: a wrong rollout's negative advantage is spread over its tokens in proportion

@@ -39,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--grader", choices=list(reward.GRADERS), default="math",
                    help="what grades the sampled responses (reward.GRADERS): math, the last \\boxed{} against the "
                         "gold answer; length-parity, a stand-in for speed benchmarks (an even number of characters "
-                        "is right, so groups mix whatever the model; tools/bench.py). The held-out evaluation always "
+                        "is right, so groups mix whatever the model; tools/perf/bench.py). The held-out evaluation always "
                         "uses math")
     # sampling
     p.add_argument("--steps", type=int, default=400, help="RL steps (each: one batch of rollouts, --mu updates)")

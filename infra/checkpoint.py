@@ -1,7 +1,7 @@
 """A run directory that loses nothing: checkpoints swapped in safely, checked on resume, one run at a time.
 
 RUN_DIR holds
-    run.json         the method and every setting of the run, and whether it finished
+    run.json         the method and every setting of the run, whether it finished, and the machine it ran on
     metrics.jsonl    one JSON line per step and per evaluation (train.py)
     checkpoint/      an ordinary Hugging Face model directory, state.pt (optimizer, step, RNG states, D2's
                      buffer, RLSD's frozen teacher between syncs) and manifest.json (every file's size and SHA-256,
@@ -28,7 +28,8 @@ import tempfile
 
 import torch
 
-from infra import lora, track
+from infra import cpu, lora, track
+from infra.files import lock, read_json, write_json, write_jsonl  # read_json: also tools.paired's name for it
 
 CHECKPOINT, PREVIOUS, TMP = "checkpoint", "checkpoint.prev", "checkpoint.tmp"
 MANIFEST = "manifest.json"
@@ -58,23 +59,6 @@ def fail(message: str):
 
 
 # ---- run.json, the lock, and the refusal to overwrite -----------------------------------------------------------
-
-def read_json(path: str):
-    """A JSON file's contents, or None where it is missing or not JSON (a half-written file)."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError, RecursionError):
-        return None
-
-
-def write_json(path: str, obj, **dump):
-    """A JSON file written whole or not at all: a kill while writing leaves the file before (or none), never a
-    half-written one that read_json would take for missing. dump: json.dump's options (indent, default)."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, **dump)
-    os.replace(path + ".tmp", path)
-
 
 def read_info(run_dir: str):
     """run.json as written by write_info, or None if it is missing, not JSON, or not of that shape."""
@@ -245,22 +229,17 @@ def claim(run_dir: str, args, resume: bool, overwrite: bool, ckpt: str = None):
 
 
 def _lock(run_dir: str):
-    """An exclusive flock on RUN_DIR/.lock: the kernel drops it when the process dies, so no stale lock remains."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no flock; one run per directory is then up to the user
-        return None
-    f = open(os.path.join(run_dir, ".lock"), "w")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    """RUN_DIR/.lock held (files.lock) while this run writes there."""
+    held = lock(run_dir)
+    if held is None:
         fail(f"--run-dir {run_dir}: another run is writing there now; wait for it or choose another --run-dir")
-    return f
+    return held
 
 
 def write_info(run_dir: str, args, finished: bool, step: int = None):
-    """run.json: the method and settings (as parsed, presets applied), and whether the run reached its end."""
-    info = {"method": args.method, "finished": finished, "step": step, "args": vars(args)}
+    """run.json: the method and settings (as parsed, presets applied), whether the run reached its end, and the
+    machine it ran on (cpu.machine: another CPU sums in another order, so the same seed makes another run)."""
+    info = {"method": args.method, "finished": finished, "step": step, "machine": cpu.machine(), "args": vars(args)}
     try:
         write_json(os.path.join(run_dir, "run.json"), info, indent=1, default=str)
     except OSError as e:
@@ -311,10 +290,7 @@ def read_metrics(path: str, up_to_step: int = None) -> list:
 
 
 def rewrite_metrics(path: str, records: list):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    os.replace(tmp, path)
+    write_jsonl(path, records)
 
 
 def resume_metrics(path: str, step: int) -> list:

@@ -1,5 +1,6 @@
 """What a process sets before its first large tensor, on any device: torch's CPU threads (--threads), and how large
-CPU tensors get their memory (speed only: no number changes).
+CPU tensors get their memory (speed only: no number changes). And the machine a run ran on (machine(): its CPU's
+kernels and instruction sets, its GPU), which run.json records.
 
 Why: glibc serves a block above 32 MB straight from the system and returns it on free, so each new tensor of that
 size is mapped and zeroed again, a page fault at a time. A [64, 151,936] float32 tensor of next-token scores is
@@ -17,7 +18,9 @@ size is mapped and zeroed again, a page fault at a time. A [64, 151,936] float32
   process holds its peak) and one bench step on 2026-11-27 (inside the spread); the step-by-step A/B was the first to
   show it.
 """
+import hashlib
 import os
+import platform
 
 import torch
 
@@ -64,3 +67,38 @@ def keep_freed_memory(size: int = KEEP) -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     took = [mallopt(M_MMAP_THRESHOLD, size), mallopt(M_TRIM_THRESHOLD, size)]
     return all(took)
+
+
+# ---- the machine a run ran on (train.py records it in run.json; tools.compare pairs only runs of one machine)
+
+def machine() -> str:
+    """What decides a run's floats beyond its flags: the CPU (cpu_record) and the GPU, where there is one. Another CPU
+    sums in another order, and the same seed makes another run."""
+    cpuinfo = ""
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            cpuinfo = f.read()
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return cpu_record(cpuinfo, platform.processor() or platform.machine(),
+                      torch.backends.cpu.get_cpu_capability()) + gpu
+
+
+# The feature names that choose a kernel's instructions (x86 "flags", ARM "Features"): the kernel's own entries (pti,
+# md_clear, hypervisor) change with its version on the same CPU and are left out
+ISA = ("avx", "amx", "fma", "f16c", "sse", "ssse", "asimd", "sve", "sme", "bf16", "i8mm", "fp")
+
+
+def cpu_record(cpuinfo: str, fallback: str, capability: str) -> str:
+    """The CPU's model name, the kernels torch picks for it and a digest of its instruction sets. The name is not
+    enough: two hosts that both called themselves "Intel(R) Xeon(R) Processor (AVX512)" made other runs of one seed
+    (step 0's greedy accuracy 0.180 and 0.172, docs/LOG.md 2026-12-02); what else differed between them is not known,
+    their instruction sets being the likeliest."""
+    model, isa = None, None
+    for line in cpuinfo.splitlines():  # the first processor's lines: every core of a host is the same CPU
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "model name" and model is None:
+            model = value or None
+        elif key.lower() in ("flags", "features") and isa is None:
+            isa = " ".join(sorted(f for f in value.split() if f.startswith(ISA)))
+    digest = f", flags {hashlib.sha256(isa.encode()).hexdigest()[:8]}" if isa else ""
+    return f"{model or fallback} ({capability}{digest})"

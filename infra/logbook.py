@@ -26,7 +26,7 @@ def step_record(step: int, batch: dict, rewards, mask, adv, checker: dict, draw,
         "accuracy": correct.float().mean().item(),
         "response_len": mask.sum(-1).float().mean().item(),
         "prompt_len": batch["prompt_len"],  # the batch's longest prompt, in tokens (what the memory plan counts)
-        # a row's prompt without its left padding, the mean over rows (tools/bench counts a step's FLOPs with it)
+        # a row's prompt without its left padding, the mean over rows (tools/perf/bench counts a step's FLOPs with it)
         "prompt_tokens": batch["attention_mask"][:, :batch["prompt_len"]].sum(-1).float().mean().item(),
         "entropy": ((batch["entropy"] * mask).sum() / mask.sum()).item(),  # of the sampling distribution
         "zero_adv_groups": (rewards.std(dim=1) == 0).float().mean().item(),

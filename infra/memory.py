@@ -22,10 +22,8 @@ def logit_chunk_tokens(vocab: int) -> int:
     return max(1, LOGIT_CHUNK_BYTES // (4 * vocab))
 
 
-def rss_bytes() -> int:
-    """The process's resident memory now (Linux), 0 where /proc is missing: after freed memory goes back to the
-    system, as before each phase's peak (reset_peak), so that the two compare."""
-    release_freed_memory()
+def resident_bytes() -> int:
+    """The process's resident memory now, as it holds it (Linux's /proc/self/statm), 0 where /proc is missing."""
     try:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -33,18 +31,30 @@ def rss_bytes() -> int:
         return 0
 
 
+def high_water_bytes() -> int:
+    """The resident set's high-water mark (VmHWM of /proc/self/status, which reset_peak resets), or where /proc is
+    missing the process's peak as getrusage gives it."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_bytes() -> int:
+    """The process's resident memory now (Linux), 0 where /proc is missing: after freed memory goes back to the
+    system, as before each phase's peak (reset_peak), so that the two compare."""
+    release_freed_memory()
+    return resident_bytes()
+
+
 def peak_memory_bytes(device: str, rss_at_start: int = 0) -> int:
     """Peak memory since the last reset_peak (or the start): on CUDA what torch allocated; on the CPU the process's
     peak resident memory above what it held before the model was loaded (allocator slack included)."""
     if device.startswith("cuda"):
         return torch.cuda.max_memory_allocated()
-    try:
-        with open("/proc/self/status") as f:  # VmHWM: the resident set's high-water mark, which reset_peak resets
-            peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        import resource
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    return max(0, peak - rss_at_start)
+    return max(0, high_water_bytes() - rss_at_start)
 
 
 def release_freed_memory():
@@ -80,7 +90,7 @@ class Peaks:
     that runs twice, as with --mu 2, keeps its larger figure); `run` is the largest of all so far.
 
     On the CPU the freed memory goes back to the system at each phase's end of a process's first step only (what
-    tools/memcheck.py compares with the plan), so that its figures are the phase's own. Later steps' figures also
+    tools/perf/memcheck.py compares with the plan), so that its figures are the phase's own. Later steps' figures also
     hold what glibc kept of earlier phases, as the process does: giving it back costs every next phase its page
     faults again, about a fifth of SmolLM2's training pass (docs/LOG.md, 2026-11-26, fifth session)."""
     PHASES = {"sampling": "sampling", "advantage": "advantage", "training": "training forward and backward",

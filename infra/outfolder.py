@@ -2,7 +2,7 @@
 settings, as train.py keeps RUN_DIR with run.json and --resume:
 
     OUT/settings.json   the settings that define the results in OUT, written when OUT is claimed
-    OUT/.lock           held (flock) while the tool writes there
+    OUT/.lock           held (flock, infra/files.py) while the tool writes there
 
 Why: a tool that continues into OUT appends new results to the old ones. Results made with another seed, model or
 sample size would be counted as if one run made them all, under the new command's header; two tools writing at once
@@ -13,7 +13,9 @@ import json
 import os
 import sys
 
-SETTINGS, LOCK = "settings.json", ".lock"
+from infra import files
+
+SETTINGS = "settings.json"
 
 
 def comparable(value):
@@ -50,16 +52,10 @@ def claim(out: str, settings: dict, overwrite: bool, holds_results: bool, flag: 
         sys.exit(f"{flag} {out}: a file, not a folder; choose another {flag}")
     try:
         os.makedirs(out, exist_ok=True)
-        lock = open(os.path.join(out, LOCK), "a")
+        lock = files.lock(out)
     except OSError as e:
         sys.exit(f"{flag} {out}: cannot write there ({e.strerror or e})")
-    try:
-        import fcntl
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except ImportError:  # Windows: no flock; one writer at a time is then up to the user
-        pass
-    except OSError:
-        lock.close()
+    if lock is None:
         sys.exit(f"{flag} {out}: another process is writing there now; wait for it, or choose another {flag}")
     try:
         path = os.path.join(out, SETTINGS)
@@ -86,20 +82,13 @@ def claim(out: str, settings: dict, overwrite: bool, holds_results: bool, flag: 
 
 def read(path: str):
     """settings.json's mapping, or None where it is missing, not JSON or not a mapping."""
-    try:
-        with open(path) as f:
-            recorded = json.load(f)
-    except (OSError, ValueError):
-        return None
+    recorded = files.read_json(path)
     return recorded if isinstance(recorded, dict) else None
 
 
 def write(path: str, settings: dict, flag: str):
     """settings.json written whole or not at all (a kill while writing leaves the old one)."""
-    tmp = path + ".tmp"
     try:
-        with open(tmp, "w") as f:
-            json.dump(comparable(settings), f, indent=1)
-        os.replace(tmp, path)
+        files.write_json(path, comparable(settings), indent=1)
     except OSError as e:
         sys.exit(f"{flag} {os.path.dirname(path)}: cannot write {os.path.basename(path)} ({e.strerror or e})")

@@ -74,7 +74,7 @@ def reward_functions(args) -> list:
     """TRL reward functions for the base: correctness 1 / 0 (DAPO: +1 / -1, signed_reward) and, where
     overlong_buffer > 0, D4's soft overlong penalty as a second function. TRL sums them (weights 1): the reward
     train.py's rewards_and_mask computes. The dataset's "answer" column reaches them as a keyword."""
-    grade = reward.GRADERS[args.grader]  # train.py's --grader (tools/bench.py's length-parity stand-in)
+    grade = reward.GRADERS[args.grader]  # train.py's --grader (tools/perf/bench.py's length-parity stand-in)
 
     def correctness(completions, answer, **_):
         ok = torch.tensor([grade(c, a) is True for c, a in zip(completions, answer)])  # [n]

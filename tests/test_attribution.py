@@ -1,4 +1,4 @@
-"""The first wrong step by Monte Carlo (epicprm.py, F1-F4) and tools/attribution.py at a small size: the bisection
+"""The first wrong step by Monte Carlo (epicprm.py, F1-F4) and tools/attribution/ at a small size: the bisection
 against every prefix tested in turn, the threshold, the steps of a response, the step blame, the prefix values on
 the tiny model, and a run of the command that writes, resumes and scores."""
 import json
@@ -150,7 +150,7 @@ def test_f2_a_continuation_shares_its_rollouts_budget_and_each_pair_has_its_own_
 def test_a_wrong_rollout_cut_off_by_the_budget_is_counted_and_not_located(base, tmp_path, monkeypatch):
     # a rollout that ran out of tokens may hold no wrong step, only too many: every wrong rollout marked cut, so
     # the mixed groups count them and nothing is located
-    drawn = attribution.sample_groups
+    drawn = attribution.locate.sample_groups
 
     def all_cut(world, first, problems):
         groups = drawn(world, first, problems)
@@ -158,7 +158,7 @@ def test_a_wrong_rollout_cut_off_by_the_budget_is_counted_and_not_located(base, 
             batch["truncated"] = torch.tensor([not c for c in correct])
         return groups
 
-    monkeypatch.setattr(attribution, "sample_groups", all_cut)
+    monkeypatch.setattr(attribution.locate, "sample_groups", all_cut)
     out = tmp_path / "att"
     attribution.main(["--model", "tiny", "--dataset", "tiny", "--limit", "4", "--n", "4", "--threads", str(THREADS),
                       "--rules", "none", "--group-batch", "2", "--out", str(out)])
@@ -200,16 +200,16 @@ def test_the_command_locates_scores_and_resumes_on_the_tiny_world(base, tmp_path
     # an uncertain rollout is left out of the tables, counted, and marked on the page; a line written before F3b
     # (no verdict) is judged from its probes' counts
     # (which rollouts the run itself found uncertain depends on the CPU's floats: one confident one is marked)
-    sure = [r for r in rows if attribution.confident(r)]
+    sure = [r for r in rows if attribution.report.confident(r)]
     assert len(sure) >= 2, "too few confident rollouts on this machine to see one left out"
     at = rows.index(sure[0])
     doubt = rows[:at] + [dict(rows[at], confident=False, p_wrong=0.5, error_at=0.5)] + rows[at + 1:]
-    text = attribution.report(str(out), doubt, True)
+    text = attribution.report.report(str(out), doubt, True)
     assert f"| none | {len(sure) - 1} | max |" in text
     assert f"{len(rows) - len(sure) + 1} of them uncertain, left out of the tables" in text
     assert "uncertain: the chance that this step" in (out / "rollouts.html").read_text()
     old = {k: v for k, v in rows[0].items() if k not in ("confident", "p_wrong", "error_before", "error_at")}
-    assert attribution.confident(old) == epicprm.confidence(
+    assert attribution.report.confident(old) == epicprm.confidence(
         [tuple(x["tokens"]) for x in old["steps"]], old["first_wrong_step"],
         {p["tokens"]: epicprm.decision_error(round(p["v"] * 4), 4, old["threshold"]) for p in old["probes"]})[
         "confident"]
@@ -255,8 +255,8 @@ def test_a_block_killed_while_sampling_continues_from_its_last_call(base, tmp_pa
     flags = ["--model", "tiny", "--dataset", "tiny", "--limit", "4", "--n", "2", "--threads", str(THREADS),
              "--rules", "none", "--group-batch", "4"]
     calls, groups = killable(monkeypatch), {"drawn": 0}
-    sample_groups = attribution.sample_groups
-    monkeypatch.setattr(attribution, "sample_groups", lambda *a: groups.update(drawn=groups["drawn"] + 1)
+    sample_groups = attribution.locate.sample_groups
+    monkeypatch.setattr(attribution.locate, "sample_groups", lambda *a: groups.update(drawn=groups["drawn"] + 1)
                         or sample_groups(*a))
     attribution.main(flags + ["--out", str(tmp_path / "whole")])
     whole, every, drawn = (tmp_path / "whole" / "rollouts.jsonl").read_text(), calls["draws"], calls["rng"][:]
@@ -352,22 +352,22 @@ def test_a_rule_scoring_each_rollout_runs_on_the_wanted_rows_and_the_shortest_ri
     p = attribution.parser()
     args = p.parse_args(["--model", "tiny", "--dataset", "tiny", "--threads", str(THREADS), "--rules", "oar-p"])
     args.max_new_tokens = data.dataset("tiny").max_new_tokens
-    world = attribution.World(attribution.check(p, args))
+    world = attribution.locate.World(attribution.check(p, args))
     problem = {"question": "1+1+1", "answer": "3"}
     prompt = world.tok(data.dataset("tiny").prompt(world.tok, problem))["input_ids"]
     texts = ["1+1=4\n4+1=6\n\\boxed{6}", "1+1=2\n2+1=3\n2+1=3\n\\boxed{3}", "1+1=1\n1+1=1\n\\boxed{1}",
              "1+1=2\n2+1=3\n\\boxed{3}"]
     responses = [world.tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    batch = attribution.scored_batch(world, prompt, responses)
+    batch = attribution.given.scored_batch(world, prompt, responses)
     correct = [False, True, False, True]
     perturbed, scores = [], oar.perturbation_scores  # the reasoning tokens each call perturbs: a[3] is its mask
     monkeypatch.setattr(oar, "perturbation_scores", lambda *a, **k: perturbed.append(int(a[3].sum())) or
                         scores(*a, **k))
-    part = attribution.blames(world, batch, problem, correct, ["oar-p"], rows=[0])["oar-p"]
+    part = attribution.locate.blames(world, batch, problem, correct, ["oar-p"], rows=[0])["oar-p"]
     reasoning = [oar.reasoning_length(world.piece_list(r)) for r in responses]  # [12, 18, 12, 12]: before "\boxed{"
     assert reasoning[1] > reasoning[3] and sum(perturbed) == reasoning[0] + reasoning[3]  # 12 + 12, not + 18
     perturbed.clear()
-    whole = attribution.blames(world, batch, problem, correct, ["oar-p"])["oar-p"]
+    whole = attribution.locate.blames(world, batch, problem, correct, ["oar-p"])["oar-p"]
     assert sum(perturbed) == sum(reasoning)  # the whole group: every row, 54
     # to float32's last bits, which the rows batched beside it move: a KL that barely moves the answer is a
     # difference of nearly equal log-probs, and O4's normalisation spreads that (up to 1e-3 here)
@@ -386,10 +386,11 @@ def test_a_rescore_under_oar_p_limit_stops_drawing_groups_once_the_limit_is_met(
     attribution.main(flags + ["--rules", "none"])
     located = sorted({x["problem"] for x in map(json.loads, open(out / "rollouts.jsonl")) if "rollout" in x})
     assert len(located) >= 2
-    drawn, draw = [], attribution.sample_groups
-    monkeypatch.setattr(attribution, "sample_groups", lambda w, first, ps: drawn.append(first) or draw(w, first, ps))
-    ticks, labels = [], attribution.tick_labels  # what the figure's x axis was given
-    monkeypatch.setattr(attribution, "tick_labels", lambda summary: ticks.append(labels(summary)) or ticks[-1])
+    drawn, draw = [], attribution.locate.sample_groups
+    monkeypatch.setattr(attribution.locate, "sample_groups",
+                        lambda w, first, ps: drawn.append(first) or draw(w, first, ps))
+    ticks, labels = [], attribution.report.tick_labels  # what the figure's x axis was given
+    monkeypatch.setattr(attribution.report, "tick_labels", lambda summary: ticks.append(labels(summary)) or ticks[-1])
     attribution.main(flags + ["--rules", "oar-p", "--oar-p-limit", "1", "--rescore"])
     rows = [x for x in map(json.loads, open(out / "rollouts.jsonl")) if "rollout" in x]
     assert drawn == located[:1] and {x["problem"] for x in rows if "oar-p" in x["blame"]} == set(located[:1])
@@ -405,14 +406,14 @@ def test_a_rescore_under_oar_p_limit_stops_drawing_groups_once_the_limit_is_met(
     for x in lines:
         if "oar-p" in x.get("blame", {}):
             del x["blame"]["none"], x["scores"]["none"]
-    text = attribution.report(str(out), lines, world_task=False)
+    text = attribution.report.report(str(out), lines, world_task=False)
     assert "no rollout was scored by every rule" in text and "every rule scored**" not in text
 
 
 def test_the_figure_names_a_rule_scored_on_a_subset_with_its_count():
     # the title counts the most rollouts (29); OAR-P under --oar-p-limit scored 21 of them, its tick says so
     summary = {"none": {"n": 29}, "ktae": {"n": 29}, "oar-p": {"n": 21}}
-    assert attribution.tick_labels(summary) == ["none", "ktae", "oar-p\n(21 rollouts)"]
+    assert attribution.report.tick_labels(summary) == ["none", "ktae", "oar-p\n(21 rollouts)"]
 
 
 def given(path, rows):
@@ -452,7 +453,8 @@ def test_responses_report_what_this_mode_did_on_the_tiny_world(base, tmp_path, c
         assert "a located response in this run" not in head  # ("3.0 steps a located response" is the F3 line's)
     assert f"Monte Carlo against the exact first error, the confident " in text  # F3b's, then every located:
     assert f"; every located {len(located)} rollouts: the same step" in text
-    sure = ", auc.png" if any(attribution.confident(x) for x in located) else ""  # the AUCs of the confident only
+    # the AUCs of the confident only
+    sure = ", auc.png" if any(attribution.report.confident(x) for x in located) else ""
     assert f"wrote {out}/rollouts.jsonl, table.md{sure}, rollouts.html" in text
     # every response right: nothing located, the head says so, and only the files written are named
     right, out2 = given(tmp_path / "right.jsonl", rows[:1]), tmp_path / "att2"
@@ -470,7 +472,7 @@ def test_responses_report_what_this_mode_did_on_the_tiny_world(base, tmp_path, c
 ])
 def test_responses_without_a_usable_line_are_one_line_before_the_model_loads(tmp_path, monkeypatch, rows, message):
     # an empty file loaded the model, then claimed files it had not written; null became the text "None"
-    monkeypatch.setattr(attribution, "World", lambda args: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(attribution.locate, "World", lambda args: pytest.fail("the model was loaded"))
     path = given(tmp_path / "given.jsonl", [r if isinstance(r, str) else json.dumps(r) for r in rows])
     with pytest.raises(SystemExit, match=message):
         attribution.main(["--model", "tiny", "--dataset", "tiny", "--responses", str(path), "--out",
@@ -507,7 +509,7 @@ def test_a_hand_edited_line_of_out_is_one_line_before_the_model_loads(tmp_path, 
                "steps": [{"tokens": [0, 6], "text": "1+1=3\n"}, {"tokens": [6, 10], "text": "3=3\n"}],
                "first_wrong_step": 0, "blame": {}, "scores": {}}
     lines = edit([rollout, problem])
-    monkeypatch.setattr(attribution, "World", lambda args: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(attribution.locate, "World", lambda args: pytest.fail("the model was loaded"))
     path = given(tmp_path / "given.jsonl", [("1+1", "2", "1+1=3\n3=3\n")])
     # OUT as this command made it (its settings recorded, infra/outfolder.py), then its lines edited by hand
     from infra import outfolder
@@ -528,12 +530,12 @@ def test_given_responses_are_scored_in_chunks_with_the_numbers_of_one_forward(ba
     p = attribution.parser()
     args = attribution.check(p, p.parse_args(["--model", "tiny", "--dataset", "tiny", "--threads", str(THREADS),
                                               "--temperature", "0.7"]))
-    world = attribution.World(args)
+    world = attribution.locate.World(args)
     prompt = world.tok(tiny.prompt("1+1+1"))["input_ids"]
     responses = [world.tok(t, add_special_tokens=False)["input_ids"] for t in ("1+1=2\n2+1=4\n\\boxed{4}", "1+1=2\n")]
-    whole = attribution.scored_batch(world, prompt, responses, chunk_tokens=10**6)
+    whole = attribution.given.scored_batch(world, prompt, responses, chunk_tokens=10**6)
     for chunk in (1, 5):
-        part = attribution.scored_batch(world, prompt, responses, chunk_tokens=chunk)
+        part = attribution.given.scored_batch(world, prompt, responses, chunk_tokens=chunk)
         assert torch.equal(part["response_mask"], whole["response_mask"])
         assert_close(part["logprobs"], whole["logprobs"], rel=1e-5, what="chunked log-probs")
         assert_close(part["entropy"], whole["entropy"], rel=1e-5, what="chunked entropy")
@@ -552,21 +554,21 @@ def test_each_sampling_call_of_attribution_hands_freed_memory_back(base, monkeyp
     p = attribution.parser()
     args = p.parse_args(["--model", "tiny", "--dataset", "tiny", "--threads", str(THREADS), "--n", "4"])
     args.max_new_tokens = 48
-    world = attribution.World(attribution.check(p, args))
+    world = attribution.locate.World(attribution.check(p, args))
     world.problems = [{"question": "1+1+1", "answer": "3", "prompt": tiny.prompt("1+1+1")}]
     released = []
-    monkeypatch.setattr(attribution.memory, "release_freed_memory", lambda: released.append(1))
+    monkeypatch.setattr(attribution.locate.memory, "release_freed_memory", lambda: released.append(1))
     prompt = world.tok(tiny.prompt("1+1+1"))["input_ids"]
     world.values([(prompt, "3")] * 2, [[], prompt[:0]])
     assert len(released) == 1
-    attribution.sample_groups(world, 0, world.problems)
+    attribution.locate.sample_groups(world, 0, world.problems)
     assert len(released) == 2
 
 
 def test_the_memory_benchmark_prints_the_resident_set_after_each_call(base, capsys):
-    # tools/memgrowth.py at the tiny size: the model's own and a random one of its widths (the 1.5B's run is a
+    # tools/perf/memgrowth.py at the tiny size: the model's own and a random one of its widths (the 1.5B's run is a
     # benchmark, docs/LOG.md 2026-11-28; this keeps the script running)
-    from tools import memgrowth
+    from tools.perf import memgrowth
     for extra in ([], ["--layers", "2", "--hidden", "64"]):
         memgrowth.main(["--model", "tiny", "--calls", "2", "--max-new-tokens", "8", "--prompt-tokens", "5-9",
                         "--threads", str(THREADS), *extra])
@@ -637,25 +639,26 @@ def test_a_block_saved_on_a_full_disk_is_one_line_and_keeps_the_last_whole_save(
     # one line, the .tmp gone and the last whole save in place, from which the same command continues
     import errno
     import os
-    progress = attribution.Progress(str(tmp_path), range(0, 2))
+    progress = attribution.progress.Progress(str(tmp_path), range(0, 2))
     progress.save(groups=[1, 2])
-    whole = (tmp_path / attribution.PROGRESS).read_bytes()
-    real = attribution.torch.save
+    whole = (tmp_path / attribution.progress.PROGRESS).read_bytes()
+    real = attribution.progress.torch.save
 
     def full(obj, path):
         real(obj, path)
         with open(path, "r+b") as f:
             f.truncate(10)
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(attribution.torch, "save", full)
+    monkeypatch.setattr(attribution.progress.torch, "save", full)
     with pytest.raises(SystemExit) as e:
         progress.save(groups=[1, 2, 3])
     said = str(e.value.code)
-    assert said.startswith(f"{tmp_path / attribution.PROGRESS}: the work so far of problems 0-1 could not be saved "
+    saved = tmp_path / attribution.progress.PROGRESS
+    assert said.startswith(f"{saved}: the work so far of problems 0-1 could not be saved "
                            f"(") and "No space left on device" in said and "\n" not in said, said
-    assert os.listdir(tmp_path) == [attribution.PROGRESS] and (tmp_path / attribution.PROGRESS).read_bytes() == whole
-    monkeypatch.setattr(attribution.torch, "save", real)
-    assert attribution.Progress(str(tmp_path), range(0, 2)).get("groups") == [1, 2]
+    assert os.listdir(tmp_path) == [attribution.progress.PROGRESS] and saved.read_bytes() == whole
+    monkeypatch.setattr(attribution.progress.torch, "save", real)
+    assert attribution.progress.Progress(str(tmp_path), range(0, 2)).get("groups") == [1, 2]
 
 
 @pytest.mark.parametrize("flags, said", [
@@ -666,7 +669,7 @@ def test_a_block_saved_on_a_full_disk_is_one_line_and_keeps_the_last_whole_save(
 def test_the_memory_benchmark_refuses_a_bad_value_in_one_line_before_the_model_loads(monkeypatch, capsys, flags,
                                                                                      said):
     # round four: a bad --prompt-tokens range or --n 0 was a traceback after the model loaded
-    from tools import memgrowth
+    from tools.perf import memgrowth
     monkeypatch.setattr(memgrowth, "load", lambda args: pytest.fail("the model loaded"))
     with pytest.raises(SystemExit) as e:
         memgrowth.main(["--model", "tiny", "--threads", "1", *flags])

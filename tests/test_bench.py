@@ -1,4 +1,4 @@
-"""tools/bench.py at a tiny size: every part of the default benchmark and of --gpu (on the CPU, at small shapes)
+"""tools/perf/bench.py at a tiny size: every part of the default benchmark and of --gpu (on the CPU, at small shapes)
 runs and prints its rows, so that none of it can crash unseen (its default path once did, after its first part).
 No timing is asserted: the numbers are the machine's."""
 import importlib.machinery
@@ -11,9 +11,9 @@ import torch
 
 import reward
 from conftest import THREADS, assert_close
-from tools import bench
-from tools.benchparts import gpu, llamacpp, sampler, steps, table as tables, workload
-from tools.benchparts import machine as machine_part
+from tools.perf import bench
+from tools.perf.benchparts import gpu, llamacpp, sampler, steps, table as tables, workload
+from tools.perf.benchparts import machine as machine_part
 
 FEW = ["--threads", str(THREADS), "--steps", "2", "--warmup", "1", "--rounds", "1", "--repeat", "1"]
 
@@ -110,7 +110,7 @@ def test_a_run_killed_mid_line_is_a_row_not_a_crash(monkeypatch, tmp_path):
 
 
 def test_a_trl_step_that_fails_is_a_failure_and_a_missing_trl_a_skip(monkeypatch):
-    from tools.benchparts import trl_step
+    from tools.perf.benchparts import trl_step
     for raised, failed in ((trl_step.TRLMissing("No module named 'trl'"), False),
                            (RuntimeError("[enforce fail at alloc_cpu.cpp:119] can't allocate memory"), True)):
         def trl_seconds(*args, raised=raised):
@@ -127,7 +127,7 @@ def test_a_trl_step_that_fails_is_a_failure_and_a_missing_trl_a_skip(monkeypatch
 def test_trl_is_compared_with_ours_at_its_own_size(monkeypatch):
     # TRL at fewer prompts than the steps part: ours runs again at TRL's size and the row holds that run's median
     # step (after the warm-up), not the steps part's; at the same size the steps part's step is the one compared
-    from tools.benchparts import trl_step
+    from tools.perf.benchparts import trl_step
     calls = []
 
     def train_run(flags, method, steps, threads=None, what=""):
@@ -151,7 +151,7 @@ def test_trl_is_compared_with_ours_at_its_own_size(monkeypatch):
 
 
 def test_a_memory_run_that_runs_out_of_memory_is_a_measurement_and_any_other_end_a_failure(monkeypatch):
-    from tools import memcheck
+    from tools.perf import memcheck
     monkeypatch.setattr(memcheck, "compare", lambda run_dir: [])
     oom = [{"step": 1, "out_of_memory": "optimizer step"}]
     for records, failed in ((oom, False), ([], True)):
@@ -317,39 +317,9 @@ def test_decoding_shares_divide_one_rate_by_each_product():
         ("decoding: weights read a second over the read bandwidth", "5.2 kB/s", "52.5 kB/s", "10 %")]
 
 
-def test_the_gpu_table_on_the_cpu(monkeypatch, capsys):
-    # --gpu --device cpu (2 layers of the real widths), here at small widths too so that it takes seconds: every
-    # part, OAR-P through its short response
-    small = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1024, bos_token_id=1000, eos_token_id=1000, pad_token_id=1000)
-    monkeypatch.setattr(gpu, "REDUCED", gpu.Sizes(small, 96, 2, 8, 8, 6, 6, 4, 2, 1, 1))
-    table = bench.main(["--gpu", "--device", "cpu", "--methods", "grpo,oar-p"] + FEW)
-    out = capsys.readouterr().out
-    assert out.startswith("bench --gpu: Qwen2.5-Math-1.5B's configuration, 2 layers")
-    assert len(rows(table, "machine")) == 8
-    memory = rows(table, "memory")
-    for setting in ("recipe", "smaller"):
-        phases = [r for r in memory if r[1].startswith(setting + ":")]  # sampling, training, optimizer step
-        assert len(phases) == 3 and all(r[2].endswith("GiB") and r[3].startswith("plan") for r in phases), phases
-    lora_rows = [r for r in memory if r[1].startswith("LoRA:")]  # three measured phases, or skipped without peft
-    if importlib.util.find_spec("peft") is not None:
-        assert len(lora_rows) == 3 and all(r[2].endswith("GiB") and r[3].startswith("plan") for r in lora_rows)
-    else:
-        assert len(lora_rows) == 1 and "skipped" in lora_rows[0][1]
-    oar = [r for r in memory if r[1].startswith("OAR-G at its default chunk")]  # measured, then the recipe's plan
-    assert len(oar) == 2 and all("advantage" in r[1] and r[3].startswith("plan") for r in oar)
-    assert oar[0][2].endswith("GiB") and oar[1][2] == "not run"
-    step = rows(table, "step")
-    assert [r[1].split(":")[0] for r in step] == ["grpo", "oar-p*", "* with --max-new-tokens 4"]
-    assert all(float(r[2]) > 0 for r in step[:2]) and "one forward per reasoning token" in step[2][1]
-    sampled = rows(table, "sampler")
-    assert [r[1].split(":")[0] for r in sampled] == ["two-matmul attention", "SDPA attention"]
-    assert all(r[3].startswith("generate") and r[4].endswith("x") for r in sampled)
-
-
 def test_profile_step_prints_the_pass_and_its_top_operators(base, capsys):
-    # tools/profile_step on the tiny model: one warm-up and one profiled pass of train.py's forward and backward
-    from tools import profile_step
+    # tools/perf/profile_step on the tiny model: one warm-up and one profiled pass of train.py's forward and backward
+    from tools.perf import profile_step
     profile_step.main(["--model", "tiny", "--threads", "1", "--repeat", "1", "--top", "5"])
     out = capsys.readouterr().out
     head = out.splitlines()[0]

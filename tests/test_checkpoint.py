@@ -16,7 +16,7 @@ from config import training
 import grpo
 import reward
 import train
-from infra import checkpoint, guard, logbook
+from infra import checkpoint, files, guard, logbook
 from conftest import assert_close
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -539,7 +539,7 @@ def test_finite_or_none_writes_null_for_undefined_values():
 
 def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
     path = str(tmp_path / "done.json")
-    checkpoint.write_json(path, {"seed": 1})
+    files.write_json(path, {"seed": 1})
 
     def killed_half_way(obj, f, **kw):  # a kill while writing: part of the text, then nothing more
         f.write('{"seed": ')
@@ -547,11 +547,11 @@ def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
 
     monkeypatch.setattr(json, "dump", killed_half_way)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.write_json(path, {"seed": 2})
-    assert checkpoint.read_json(path) == {"seed": 1}  # the file before, not the half-written one
+        files.write_json(path, {"seed": 2})
+    assert files.read_json(path) == {"seed": 1}  # the file before, not the half-written one
     monkeypatch.undo()
-    checkpoint.write_json(path, {"seed": 2})
-    assert checkpoint.read_json(path) == {"seed": 2}
+    files.write_json(path, {"seed": 2})
+    assert files.read_json(path) == {"seed": 2}
 
 
 # ---- DAPO's empty steps still evaluate, save and watch the clock -----------------------------------------------------

@@ -15,7 +15,7 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
 
 SCRIPTS = {"train.py": ["train.py"], "evaluate.py": ["evaluate.py"], "data.py": ["data.py"],
-           "tools.compare": ["-m", "tools.compare"], "tools.bench": ["-m", "tools.bench"],
+           "tools.compare": ["-m", "tools.compare"], "tools.perf.bench": ["-m", "tools.perf.bench"],
            "scaling.trl_train": ["-m", "scaling.trl_train"]}
 # run from another folder, as a user may: the root's scripts by their path, tools/ and scaling/ as modules of it
 ENV_ROOT = dict(ENV, PYTHONPATH=ROOT)
@@ -36,7 +36,7 @@ def test_help_exits_zero_at_once(script, tmp_path):
     assert r.stdout.startswith("usage:") and "--help" in r.stdout
     assert time.perf_counter() - t0 < 60  # printing help, not running (bench.py alone used to run 13 minutes)
     assert not os.listdir(tmp_path)  # and writing nothing
-    if script in ("train.py", "evaluate.py", "tools.compare", "tools.bench"):  # what runs models
+    if script in ("train.py", "evaluate.py", "tools.compare", "tools.perf.bench"):  # what runs models
         assert "--threads" in r.stdout  # a shared machine needs it (torch's default threads collapse there)
 
 
@@ -62,13 +62,13 @@ def test_compare_from_another_directory_puts_runs_under_the_given_dir(base, tmp_
     assert info["threads"] == 1 and info["eval_every"] == 1  # passed through; steps / 4, at least 1
 
 
-@pytest.mark.parametrize("command", ["train.py", "evaluate.py", "data.py", "tools/compare.py", "tools/attribution.py",
-                                     "tools/merge.py", "tools/bench.py", "tools/check_eval.py", "tools/profile_step.py",
-                                     "tools/memcheck.py"])
+@pytest.mark.parametrize("command", ["train.py", "evaluate.py", "data.py", "tools/compare.py", "tools/attribution",
+                                     "tools/merge.py", "tools/perf/bench.py", "tools/check_eval.py",
+                                     "tools/perf/profile_step.py", "tools/perf/memcheck.py"])
 def test_no_command_takes_an_abbreviated_flag(command):
     # issue 63: argparse took --conf for --config, which the recipe loader does not see: a run recorded a recipe and
     # applied none of it. Every command of the project spells its flags out
-    module = command[:-3].replace("/", ".")
+    module = command.removesuffix(".py").replace("/", ".")  # a package (tools/attribution) as it is
     parsers = []
     real = argparse.ArgumentParser.parse_args
 
@@ -84,13 +84,13 @@ def test_no_command_takes_an_abbreviated_flag(command):
 
 @pytest.mark.parametrize("command, bad", [("train.py", ["--lr", "x"]), ("train.py", ["--bogus"]),
                                           ("evaluate.py", ["--threads", "x"]), ("tools/compare.py", ["--steps", "x"]),
-                                          ("tools/attribution.py", ["--n", "x"]), ("tools/merge.py", []),
+                                          ("tools/attribution", ["--n", "x"]), ("tools/merge.py", []),
                                           ("scaling/trl_train.py", ["--output_d", "x"])])
 def test_a_refused_flag_is_one_line_that_says_where_help_is(command, bad, capsys):
     if command.startswith("scaling"):
         pytest.importorskip("trl", reason="the TRL path is optional: requirements/trl.txt")
     # issue 63: argparse printed its whole usage (35 lines for train.py) above the one line that says what is wrong
-    module = importlib.import_module(command[:-3].replace("/", "."))
+    module = importlib.import_module(command.removesuffix(".py").replace("/", "."))
     with pytest.raises(SystemExit) as e:
         module.main(bad)
     err = capsys.readouterr().err.strip().splitlines()

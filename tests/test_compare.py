@@ -7,6 +7,7 @@ import statistics
 
 import pytest
 
+from infra import cpu
 from tools import compare
 from conftest import THREADS
 
@@ -247,29 +248,31 @@ def test_the_machine_record_tells_apart_two_cpus_of_one_name():
     def cpuinfo(flags):  # two cores, as /proc/cpuinfo lists them
         return "".join(f"processor\t: {i}\nmodel name\t: Intel(R) Xeon(R) Processor\nflags\t\t: {flags}\n\n"
                        for i in range(2))
-    one = compare.cpu_record(cpuinfo("fpu avx512f avx512_bf16"), "x86_64", "AVX512")
+    one = cpu.cpu_record(cpuinfo("fpu avx512f avx512_bf16"), "x86_64", "AVX512")
     assert one.startswith("Intel(R) Xeon(R) Processor (AVX512, flags ")
-    assert compare.cpu_record(cpuinfo("avx512_bf16 fpu avx512f"), "x86_64", "AVX512") == one  # order is not a CPU
-    assert compare.cpu_record(cpuinfo("fpu avx512f avx512_bf16 md_clear"), "x86_64", "AVX512") == one  # the kernel's
-    assert compare.cpu_record(cpuinfo("fpu avx512f avx512_bf16 avx512_fp16"), "x86_64", "AVX512") != one
+    assert cpu.cpu_record(cpuinfo("avx512_bf16 fpu avx512f"), "x86_64", "AVX512") == one  # order is not a CPU
+    assert cpu.cpu_record(cpuinfo("fpu avx512f avx512_bf16 md_clear"), "x86_64", "AVX512") == one  # the kernel's
+    assert cpu.cpu_record(cpuinfo("fpu avx512f avx512_bf16 avx512_fp16"), "x86_64", "AVX512") != one
     arm = "processor\t: 0\nFeatures\t: fp asimd sve\nCPU implementer\t: 0x41\n"  # ARM: Features, no model name
-    assert compare.cpu_record(arm, "aarch64", "SVE256").startswith("aarch64 (SVE256, flags ")
-    assert compare.cpu_record(arm.replace(" sve", ""), "aarch64", "SVE256") != compare.cpu_record(arm, "aarch64",
+    assert cpu.cpu_record(arm, "aarch64", "SVE256").startswith("aarch64 (SVE256, flags ")
+    assert cpu.cpu_record(arm.replace(" sve", ""), "aarch64", "SVE256") != cpu.cpu_record(arm, "aarch64",
                                                                                                    "SVE256")
-    assert compare.cpu_record("", "arm64", "DEFAULT") == "arm64 (DEFAULT)"  # no /proc/cpuinfo (macOS)
+    assert cpu.cpu_record("", "arm64", "DEFAULT") == "arm64 (DEFAULT)"  # no /proc/cpuinfo (macOS)
 
 
 def test_a_moved_comparison_is_reused_and_another_machines_folder_refuses_new_runs(tmp_path, monkeypatch, capsys):
-    # done.json records the run's flags less --run-dir (a snapshot restored elsewhere is reused) and the machine;
-    # a run still to make in a folder another machine's runs fill is refused before it starts (its seed would not
-    # pair with theirs: tools/paired.py)
+    # done.json records the run's flags less --run-dir (a snapshot restored elsewhere is reused); the machine is
+    # run.json's, which train.py writes. A run still to make in a folder another machine's runs fill is refused before
+    # it starts (its seed would not pair with theirs: tools/paired.py). A folder of a compare.py before 2026-12-07
+    # records the machine in done.json and machine.json, and is read so.
     fake_train(tmp_path, monkeypatch)
     out, moved = tmp_path / "cmp", tmp_path / "elsewhere"
     finished_run(out / "grpo-seed0")
     flags = ["--methods", "grpo", "--steps", "2", "--threads", "1"]
     compare.main(flags + ["--seeds", "0", "--out", str(out)])
     done = json.loads((out / "grpo-seed0" / "done.json").read_text())
-    assert "--run-dir" not in done["flags"] and done["machine"] == compare.machine()
+    assert "--run-dir" not in done["flags"] and "machine" not in done
+    assert not (out / "grpo-seed0" / "machine.json").exists()  # compare.py writes no machine record of its own
     shutil.move(str(out), str(moved))
     monkeypatch.setattr(compare.subprocess, "run", lambda *a, **k: pytest.fail("a finished run was run again"))
     compare.main(flags + ["--seeds", "0", "--out", str(moved)])  # reused where it now lies
@@ -277,42 +280,46 @@ def test_a_moved_comparison_is_reused_and_another_machines_folder_refuses_new_ru
     (moved / "grpo-seed0" / "done.json").write_text(json.dumps(old))
     compare.main(flags + ["--seeds", "0", "--out", str(moved)])  # reused too
     other = "Another CPU (AVX2, flags 01234567)"
-    (moved / "grpo-seed0" / "done.json").write_text(json.dumps(dict(done, machine=other)))
+    run_json = moved / "grpo-seed0" / "run.json"
+    run_json.write_text(json.dumps({"method": "grpo", "machine": other, "args": {}}))  # as train.py writes it
     compare.main(flags + ["--seeds", "0", "--out", str(moved)])  # nothing to run: the tables are remade
     with pytest.raises(SystemExit) as e:
         compare.main(flags + ["--seeds", "0,1", "--out", str(moved)])
     err = capsys.readouterr().err.splitlines()[-1]
     assert e.value.code == 2 and f"made on {other}, this machine is" in err and "another --out" in err
     assert not (moved / "grpo-seed1").exists()
-    monkeypatch.setattr(compare, "machine", lambda: "Intel(R) Xeon(R) Processor (AVX512, flags 01234567)")
+    run_json.unlink()  # an older folder: done.json's "machine"
+    (moved / "grpo-seed0" / "done.json").write_text(json.dumps(dict(done, machine=other)))
+    with pytest.raises(SystemExit) as e:
+        compare.main(flags + ["--seeds", "0,1", "--out", str(moved)])
+    assert f"made on {other}, this machine is" in capsys.readouterr().err.splitlines()[-1]
+    monkeypatch.setattr(compare.cpu, "machine", lambda: "Intel(R) Xeon(R) Processor (AVX512, flags 01234567)")
     (moved / "grpo-seed0" / "done.json").write_text(json.dumps(dict(done, machine="Intel(R) Xeon(R) Processor "
                                                                     "(AVX512)")))
     with pytest.raises(SystemExit) as e:  # recorded without flags: the same name may be another CPU
         compare.main(flags + ["--seeds", "0,1", "--out", str(moved)])
     assert "recorded before the CPU's flags were" in capsys.readouterr().err.splitlines()[-1]
-    # a run begun and stopped at a checkpoint records its machine from the start: resumed on another machine it
-    # would be half of each, so it is refused too; with --overwrite, or without a checkpoint, it starts over here
+    # a run begun and stopped at a checkpoint records its machine in run.json from its start: resumed on another
+    # machine it would be half of each, so it is refused too (an older folder: machine.json); with --overwrite, or
+    # without a checkpoint, it starts over here
     monkeypatch.undo()  # subprocess.run again
     fake_train(tmp_path, monkeypatch)
     run_dir = tmp_path / "cmp2" / "grpo-seed0"
     finished_run(run_dir)
     compare.main(flags + ["--seeds", "0", "--out", str(run_dir.parent), "--overwrite"])  # begun (and finished) here
-    assert json.loads((run_dir / "machine.json").read_text()) == {"machine": compare.machine()}
     (run_dir / "done.json").unlink()
     (run_dir / "checkpoint").mkdir()
-    (run_dir / "machine.json").write_text(json.dumps({"machine": "Another CPU (AVX2, flags 01234567)"}))
-    with pytest.raises(SystemExit) as e:
-        compare.main(flags + ["--seeds", "0", "--out", str(run_dir.parent)])
-    err = capsys.readouterr().err.splitlines()[-1]
-    assert e.value.code == 2 and "grpo-seed0 was begun on Another CPU (AVX2, flags 01234567), this machine is" in err
-    assert not (run_dir / "done.json").exists()
+    for record in ("run.json", "machine.json"):
+        (run_dir / record).write_text(json.dumps({"machine": other, "args": {}}))
+        with pytest.raises(SystemExit) as e:
+            compare.main(flags + ["--seeds", "0", "--out", str(run_dir.parent)])
+        err = capsys.readouterr().err.splitlines()[-1]
+        assert e.value.code == 2 and f"grpo-seed0 was begun on {other}, this machine is" in err
+        assert not (run_dir / "done.json").exists()
+        (run_dir / record).unlink()
+    (run_dir / "run.json").write_text(json.dumps({"machine": other, "args": {}}))
     compare.main(flags + ["--seeds", "0", "--out", str(run_dir.parent), "--overwrite"])  # begun again here
-    assert json.loads((run_dir / "machine.json").read_text()) == {"machine": compare.machine()}
-    (run_dir / "done.json").unlink()
-    (run_dir / "machine.json").write_text(json.dumps({"machine": "Another CPU (AVX2, flags 01234567)"}))
-    compare.main(flags + ["--seeds", "0", "--out", str(run_dir.parent)])  # no checkpoint: started over here
     assert "--overwrite" in (tmp_path / "argv").read_text()
-    assert json.loads((run_dir / "machine.json").read_text()) == {"machine": compare.machine()}
 
 
 def recorded_runs(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
-"""tools/gpu_check: the one-GPU check's CPU rehearsal, end to end through tools/gpu_check.sh, so that its one call on
-a lent GPU cannot fail on a typo, a missing file or a missing package; its time caps; its wheel list."""
+"""tools/perf/gpu_check: the GPU check's CPU rehearsal, end to end through tools/perf/gpu_check.sh, so that its run on
+a GPU cannot fail on a typo, a missing file or a missing package; its time caps; its wheel list."""
 import json
 import os
 import subprocess
@@ -8,11 +8,11 @@ import pytest
 
 from conftest import THREADS
 from test_train import ROOT
-from tools import gpu_check
+from tools.perf import gpu_check
 
 
-# the parts the suite rehearses (machine for the rate the steps part's MFU divides by); left out: sampler and memory,
-# which measure with bench's own parts that tests/test_bench.py::test_the_gpu_table_on_the_cpu runs at small widths
+# the parts the first rehearsal runs through gpu_check.sh (machine for the rate the steps part's MFU divides by); the
+# sampler, memory and oar-g parts have a rehearsal of their own below
 REHEARSED = ["setup", "tests", "machine", "steps", "train"]
 
 
@@ -20,7 +20,7 @@ def test_the_rehearsal_runs_every_part_and_brings_back_what_the_gpu_call_would(t
     out = tmp_path / "out"
     # the tests part runs one test of tests/test_on_device.py (the suite runs them all) and the steps part two
     # methods (the four share step_rows): the rest as on the GPU. A slow CI machine gets a budget to match.
-    r = subprocess.run(["bash", "tools/gpu_check.sh", "--device", "cpu", "--threads", str(THREADS), "--budget",
+    r = subprocess.run(["bash", "tools/perf/gpu_check.sh", "--device", "cpu", "--threads", str(THREADS), "--budget",
                         "1500", "--cap-scale", "5", "--pytest-arg=-k", "--pytest-arg=greedy", "--methods", "grpo,oar-p",
                         "--parts", ",".join(REHEARSED)],
                        cwd=ROOT, env={**os.environ, "OUT": str(out)}, capture_output=True, text=True, timeout=1800)
@@ -47,13 +47,30 @@ def test_the_rehearsal_runs_every_part_and_brings_back_what_the_gpu_call_would(t
                                        "tests.xml"]
 
 
+def test_the_rehearsal_of_the_memory_oar_g_and_sampler_parts(tmp_path):
+    # the plan against each phase's measured peak (full-parameter, LoRA where peft is installed), OAR-G's measured
+    # advantage phase and its plan, and the sampler against generate: each a row, in the part's JSON
+    args = gpu_check.argparse.Namespace(out=str(tmp_path / "out"), work=str(tmp_path / "work"), budget=1500,
+                                        parts=["setup", "memory", "oar-g", "sampler"], device="cpu", methods=["grpo"],
+                                        threads=THREADS, pytest_args=[], cap_scale=5.0, sizes="quick")
+    report = gpu_check.check(args)
+    # the parts run in the check's own order (gpu_check.PARTS), each ok
+    assert [(p["name"], p["status"]) for p in report["parts"]] == [
+        (p.name, "ok") for p in gpu_check.PARTS if p.name in args.parts], report["parts"]
+    rows = {p["name"]: [(row["what"], row["against"]) for row in p["rows"]] for p in report["parts"]}
+    full = [r for r in rows["memory"] if r[0].startswith("full-parameter:")]
+    assert len(full) == 3 and all(against.startswith("plan") for _, against in full)  # sampling, training, step
+    assert len(rows["oar-g"]) == 2 and all("advantage" in w and a.startswith("plan") for w, a in rows["oar-g"])
+    assert rows["sampler"]
+
+
 def test_a_part_past_its_cap_is_stopped_and_the_rest_say_why_they_did_not_run(tmp_path, monkeypatch):
     # setup cannot import torch and build a model in 1 s: it is killed at its cap, and the machine part, which needs
     # setup's model, is skipped with the reason; the JSON holds both
     monkeypatch.setattr(gpu_check, "PARTS", [gpu_check.Part("setup", 1, "x"), gpu_check.Part("machine", 30, "y")])
     args = gpu_check.argparse.Namespace(out=str(tmp_path / "out"), work=str(tmp_path / "work"), parts=["setup",
                                         "machine"], budget=60, device="cpu", methods=["grpo"], threads=THREADS,
-                                        pytest_args=[], cap_scale=1.0)
+                                        pytest_args=[], cap_scale=1.0, sizes="quick")
     report = gpu_check.check(args)
     assert [(p["name"], p["status"]) for p in report["parts"]] == [("setup", "timed out after 1 s"),
                                                                    ("machine", "skipped")]
@@ -109,7 +126,7 @@ def test_gpu_check_refuses_an_out_that_is_a_file(tmp_path, capsys):
     (tmp_path / "out").write_text("x")
     said = one_line_refusal(capsys, lambda: gpu_check.main(["--out", str(tmp_path / "out")]))
     assert f"--out {tmp_path / 'out'}: a file, not a folder" in said
-    r = subprocess.run(["bash", "tools/gpu_check.sh"], cwd=ROOT, env={**os.environ, "OUT": str(tmp_path / "out")},
+    r = subprocess.run(["bash", "tools/perf/gpu_check.sh"], cwd=ROOT, env={**os.environ, "OUT": str(tmp_path / "out")},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.strip() == (f"gpu_check.sh: OUT={tmp_path / 'out'} is a file, not a folder: "
                                                       f"set OUT to a folder (it is made where missing)")
@@ -120,7 +137,7 @@ def test_gpu_check_sh_on_a_python_without_torch_is_one_line(tmp_path):
     (tmp_path / "hide" / "torch").mkdir(parents=True)
     (tmp_path / "hide" / "torch" / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\")")
     out = tmp_path / "out"
-    r = subprocess.run(["bash", "tools/gpu_check.sh", "--device", "cpu"], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run(["bash", "tools/perf/gpu_check.sh", "--device", "cpu"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "OUT": str(out), "PYTHONPATH": str(tmp_path / "hide")}, timeout=60)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 1 and len(lines) == 1, r.stderr

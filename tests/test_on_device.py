@@ -1,6 +1,6 @@
 """The suite's checks that a GPU can break, on the device TEST_DEVICE names (default: cpu): the sampler against
 model.generate, the sampler's log-probs against the training forward, one step of every method, the bf16 path, LoRA,
-and a checkpoint that reopens and resumes. On a CPU they repeat what other files check; `python -m tools.gpu_check`
+and a checkpoint that reopens and resumes. On a CPU they repeat what other files check; `python -m tools.perf.gpu_check`
 runs this file with TEST_DEVICE=cuda on a GPU (docs/gpu.md), where CUDA's kernels, its autocast and its allocator
 take the place of the CPU's.
 

@@ -135,7 +135,7 @@ def test_oar_spans_and_ktae_values_on_qwen_tokens(qwen):
 def test_llama_cpp_decodes_the_same_gguf_batched_as_one_at_a_time(qwen):
     # the bench's llama.cpp reference (benchparts/llamacpp.decode), greedy: both prompts x 2 together give what each
     # prompt alone gives, and its first token is our model's (the same file, its 4-bit weights against our float32)
-    from tools.benchparts import llamacpp
+    from tools.perf.benchparts import llamacpp
     import llama_cpp
     model, tok = qwen
     ids = prompts(tok)

@@ -215,7 +215,7 @@ def test_out_of_memory_is_one_line_naming_the_phase_and_keeps_the_checkpoint(bas
                                         f"bytes. Error code 12")
     assert last["step"] >= 2 and last["out_of_memory"] == "training forward and backward"
     assert last["peak_sampling_gib"] > 0 and "peak_training_gib" not in last  # the phase that failed has no peak
-    assert last["prompt_len"] > 0  # what tools/memcheck.py plans the failed step with
+    assert last["prompt_len"] > 0  # what tools/perf/memcheck.py plans the failed step with
     assert torch.load(run_dir / "checkpoint" / "state.pt", weights_only=False)["step"] == last["step"] - 1
 
 

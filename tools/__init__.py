@@ -1,3 +1,4 @@
-"""Commands that run train.py many times and print or draw numbers: compare.py (methods side by side over seeds),
-bench.py (speed), memcheck.py (memory against the plan), check_eval.py (an independent grader). Run them as modules
-from the repository's root, `python -m tools.compare`, as nanochat runs its scripts."""
+"""Research tools, run as modules from the repository's root (`python -m tools.compare`, as nanochat runs its
+scripts): compare.py (methods side by side over seeds), paired.py (the paired answer of a comparison),
+attribution/ (every rule's blame against the first wrong step), check_eval.py (an independent grader), merge.py (a
+LoRA checkpoint merged). Speed and memory are perf/'s: `python -m tools.perf.bench`, `python -m tools.perf.gpu_check`."""

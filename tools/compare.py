@@ -19,7 +19,7 @@ problems drawn and the sampling RNG, so every method sees the same problems at t
 rounds of dynamic sampling draw further problems, so its batches drift from the others'). A run that already
 finished is reused, one that was interrupted resumes from its checkpoint, and one stopped before its first
 checkpoint starts over (train.py --overwrite), so a stopped comparison picks up where it was. A finished run's
-checkpoint is deleted (--keep-checkpoints keeps it). An OUT's runs come from one machine (done.json records it):
+checkpoint is deleted (--keep-checkpoints keeps it). An OUT's runs come from one machine (run.json records it):
 another CPU makes other runs of the same seed, so to go on elsewhere give another OUT and pair the two folders with
 `python -m tools.paired OUT OTHER`. Then OUT holds:
     paired.md paired_diffs.png paired_curves.png            the answer: every method against the first, paired by
@@ -37,21 +37,17 @@ another CPU makes other runs of the same seed, so to go on elsewhere give anothe
 Minutes are marked "(shared)" where a run's CPU share says other work took its machine (tools/paired.py).
 """
 import concurrent.futures
-import hashlib
 import os
-import platform
 import re
 import shutil
 import statistics
 import subprocess
 import sys
 
-import torch
-
 import data
 import methods
 from config import shared, training
-from infra import checkpoint, cli, models, outfolder, plots
+from infra import checkpoint, cli, cpu, files, models, outfolder, plots
 from tools import paired
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the project's root, one folder up
@@ -67,7 +63,6 @@ PLOTS = {"accuracy.png": ("eval_accuracy", "greedy held-out accuracy"), "reward.
          "credit_hit1.png": ("credit_hit1", "first-error hit@1"),
          "credit_hit3.png": ("credit_hit3", "first-error hit@3"),
          "credit_rank.png": ("credit_rank", "first-error rank (1: most blamed)")}
-BEGUN = "machine.json"  # in a run's folder from its start: the machine its checkpoints are made on
 CREDIT = ("credit_rank", "credit_hit1", "credit_hit3", "credit_auc")  # the table's attribution columns
 
 
@@ -154,14 +149,14 @@ def settings(args) -> dict:
     """What defines every run of OUT besides its method and seed, recorded in OUT (infra/outfolder.py): a later
     command with other values would reuse or resume runs made with these, and head their table with its own flags.
     A rules file is recorded by its content: one edited between two commands makes other runs."""
-    files = defining_files(args)
+    named = defining_files(args)
     return {"--dataset": models.identity(args.dataset), "--steps": args.steps, "--eval-every": args.eval_every,
             "the train.py flags after --": spelled_out(args.train_args),
             # a recipe, model folder or data file named there, by its content: edited between two commands, it makes
             # other runs, which the recorded path alone would not show
-            **({"files named after --": {k: v for k, v in files.items() if k != "--rules-file"}}
-               if len(files) > ("--rules-file" in files) else {}),
-            **({"--rules-file": files["--rules-file"]} if "--rules-file" in files else {})}
+            **({"files named after --": {k: v for k, v in named.items() if k != "--rules-file"}}
+               if len(named) > ("--rules-file" in named) else {}),
+            **({"--rules-file": named["--rules-file"]} if "--rules-file" in named else {})}
 
 
 def split_methods(text: str) -> list:
@@ -216,58 +211,38 @@ def without(flags: list, names: tuple) -> list:
     return out
 
 
-def machine() -> str:
-    """What decides a run's floats beyond its flags: the CPU (cpu_record) and the GPU, where there is one. Another CPU
-    sums in another order, and the same seed makes another run."""
-    cpuinfo = ""
-    if os.path.isfile("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            cpuinfo = f.read()
-    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
-    return cpu_record(cpuinfo, platform.processor() or platform.machine(),
-                      torch.backends.cpu.get_cpu_capability()) + gpu
-
-
-# The feature names that choose a kernel's instructions (x86 "flags", ARM "Features"): the kernel's own entries (pti,
-# md_clear, hypervisor) change with its version on the same CPU and are left out
-ISA = ("avx", "amx", "fma", "f16c", "sse", "ssse", "asimd", "sve", "sme", "bf16", "i8mm", "fp")
-
-
-def cpu_record(cpuinfo: str, fallback: str, capability: str) -> str:
-    """The CPU's model name, the kernels torch picks for it and a digest of its instruction sets. The name is not
-    enough: two hosts that both called themselves "Intel(R) Xeon(R) Processor (AVX512)" made other runs of one seed
-    (step 0's greedy accuracy 0.180 and 0.172, docs/LOG.md 2026-12-02); what else differed between them is not known,
-    their instruction sets being the likeliest."""
-    model, isa = None, None
-    for line in cpuinfo.splitlines():  # the first processor's lines: every core of a host is the same CPU
-        key, _, value = (part.strip() for part in line.partition(":"))
-        if key == "model name" and model is None:
-            model = value or None
-        elif key.lower() in ("flags", "features") and isa is None:
-            isa = " ".join(sorted(f for f in value.split() if f.startswith(ISA)))
-    digest = f", flags {hashlib.sha256(isa.encode()).hexdigest()[:8]}" if isa else ""
-    return f"{model or fallback} ({capability}{digest})"
-
-
 def check_machine(p, chosen, seeds, args):
     """A run still to make goes to an OUT whose finished runs this machine made (or that records none): a run made
     on another machine does not pair with theirs (tools/paired.py), so it is refused before any run starts."""
-    here = machine()
+    here = cpu.machine()
     if not os.path.isdir(args.out) or all(read_done(os.path.join(args.out, f"{run_name(m)}-seed{s}", "done.json"))
                                           for m in chosen for s in seeds):
         return  # nothing to run: the tables are remade from what is there
     for name in sorted(os.listdir(args.out)):
         run_dir = os.path.join(args.out, name)
-        was, made = checkpoint.read_json(os.path.join(run_dir, "done.json")), "was made on"
-        if not (isinstance(was, dict) and was.get("machine")) and has_checkpoint(run_dir) and not args.overwrite:
+        done = files.read_json(os.path.join(run_dir, "done.json"))
+        if isinstance(done, dict) and recorded_machine(run_dir, done):
+            was, made = recorded_machine(run_dir, done), "was made on"
+        elif has_checkpoint(run_dir) and not args.overwrite:
             # unfinished: its checkpoint, resumed here, would finish as a run of two machines (--overwrite: begun again)
-            was, made = checkpoint.read_json(os.path.join(run_dir, BEGUN)), "was begun on"
-        if isinstance(was, dict) and was.get("machine") not in (None, here):
-            older = (", flags " in here and ", flags " not in was["machine"]) and (
+            was, made = recorded_machine(run_dir), "was begun on"
+        else:
+            continue
+        if was not in (None, here):
+            older = (", flags " in here and ", flags " not in was) and (
                 " (recorded before the CPU's flags were: if step 0's eval_accuracy here equals theirs, this is their "
                 "machine, and their records' \"machine\" may be set to this one's)")
-            p.error(f"{run_dir} {made} {was['machine']}, this machine is {here}: its seeds would not pair with runs "
+            p.error(f"{run_dir} {made} {was}, this machine is {here}: its seeds would not pair with runs "
                     f"made here; choose another --out for them (tools.paired takes both folders){older or ''}")
+
+
+def recorded_machine(run_dir: str, done=None):
+    """The machine a run ran on: run.json's (train.py records it), or in a folder of a compare.py before 2026-12-07
+    done.json's or machine.json's (which that compare.py wrote beside run.json); None where none records it."""
+    for record in (checkpoint.read_info(run_dir), done, files.read_json(os.path.join(run_dir, "machine.json"))):
+        if isinstance(record, dict) and record.get("machine"):
+            return record["machine"]
+    return None
 
 
 def has_checkpoint(run_dir: str) -> bool:
@@ -280,7 +255,7 @@ def read_done(done_path: str):
     compare.py wrote it in place): that run is then resumed from its checkpoint, which redoes no finished step."""
     if not os.path.exists(done_path):
         return None
-    done = checkpoint.read_json(done_path)
+    done = files.read_json(done_path)
     if not isinstance(done, dict) or not isinstance(done.get("steps"), int):
         print(f"{done_path}: unreadable; its run is checked again", flush=True)
         return None
@@ -292,9 +267,9 @@ def run_one(method, seed, args):
     run_dir = os.path.join(args.out, f"{run_name(method)}-seed{seed}")
     done_path = os.path.join(run_dir, "done.json")
     done = read_done(done_path)
-    flags, files = defining_flags(method, seed, args), defining_files(args)
+    flags, defining = defining_flags(method, seed, args), defining_files(args)
     recorded = without(done.get("flags") or [], ("--run-dir",)) if done is not None else None
-    same = recorded == flags and (done.get("files") or {}) == files if done is not None else False
+    same = recorded == flags and (done.get("files") or {}) == defining if done is not None else False
     if done is not None and (same or not args.overwrite):  # reused: made with these flags and files
         if not same:
             sys.exit(f"{run_dir}: finished with the train.py flags {' '.join(done.get('flags') or ['(not recorded)'])}"
@@ -307,9 +282,6 @@ def run_one(method, seed, args):
     extra = ["--resume"] if resuming else ["--overwrite"] if leftover else []
     what = "resuming" if resuming else "restarting (no checkpoint to resume)" if leftover else "running"
     print(f"{what} {method} seed {seed}: {' '.join(cmd[1:] + extra)}", flush=True)
-    if not resuming:  # the machine its checkpoints come from, for check_machine while it is unfinished
-        os.makedirs(run_dir, exist_ok=True)
-        checkpoint.write_json(os.path.join(run_dir, BEGUN), {"machine": machine()})
     if args.jobs > 1:  # runs side by side: each one's progress bars and messages to its own log, not interleaved
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "train.log"), "a") as log:
@@ -324,8 +296,8 @@ def run_one(method, seed, args):
         sys.exit(f"{method} seed {seed}: train.py exited with status {rc} ({where}); {run_dir} is kept: once what "
                  f"that message says is dealt with, the same command resumes it (or --overwrite starts it over)")
     print(f"finished {method} seed {seed}", flush=True)
-    checkpoint.write_json(done_path, {"method": method, "seed": seed, "steps": args.steps, "flags": flags,
-                                      "machine": machine(), **({"files": files} if files else {})})
+    files.write_json(done_path, {"method": method, "seed": seed, "steps": args.steps, "flags": flags,
+                                 **({"files": defining} if defining else {})})  # the machine: run.json's
     if not args.keep_checkpoints:  # done.json first: a kill between the two leaves a finished run, not a lost one
         for d in ("checkpoint", "checkpoint.prev", "checkpoint.tmp"):  # 3 GB a SmolLM2 run: 55 of them fill a disk
             shutil.rmtree(os.path.join(run_dir, d), ignore_errors=True)
@@ -510,7 +482,7 @@ def main(argv=None):
     check_machine(p, chosen, seeds, args)
     # OUT's runs all made with these settings, by one comparison at a time: the lock is held to the end
     finished = os.path.isfile(os.path.join(args.out, "results.md")) or any(
-        isinstance(checkpoint.read_json(os.path.join(args.out, f"{run_name(m)}-seed{s}", "done.json")), dict)
+        isinstance(files.read_json(os.path.join(args.out, f"{run_name(m)}-seed{s}", "done.json")), dict)
         for m in chosen for s in seeds)
     lock = outfolder.claim(args.out, settings(args), args.overwrite, finished)
     try:

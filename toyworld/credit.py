@@ -19,16 +19,6 @@ A rule that blames every token alike (GRPO) scores AUC 1/2, rank (n + 1) / 2 and
 import torch
 
 
-def token_of_char(pieces: list, char: int) -> int:
-    """The index of the token whose text holds character `char` of the joined pieces."""
-    end = 0
-    for i, p in enumerate(pieces):
-        end += len(p)
-        if char < end:
-            return i
-    return len(pieces) - 1
-
-
 class Bisection:
     """The search for the first unit (a token, a step) after which a response can no longer be completed correctly,
     given the whole is not: the least k in 0..n-1 with viable(units 0..k) False, where viability only shrinks as k

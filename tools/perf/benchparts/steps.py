@@ -9,12 +9,12 @@ import tempfile
 
 import methods
 from infra import checkpoint
-from tools.benchparts.machine import again
-from tools.benchparts.table import Table, median, progress, rate
-from tools.benchparts.workload import Setting, Workload, training_flops
+from tools.perf.benchparts.machine import again
+from tools.perf.benchparts.table import Table, median, progress, rate
+from tools.perf.benchparts.workload import Setting, Workload, training_flops
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project's root
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the root
 TRAIN = os.path.join(ROOT, "train.py")
 
 

@@ -7,8 +7,8 @@ import os
 import time
 
 from infra import models
-from tools.benchparts.table import Table, progress
-from tools.benchparts.workload import Workload
+from tools.perf.benchparts.table import Table, progress
+from tools.perf.benchparts.workload import Workload
 
 
 def decode(llm, prompts: list, n: int, max_new_tokens: int, temperature: float, seed: int, threads: int) -> tuple:

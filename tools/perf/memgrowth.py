@@ -4,10 +4,10 @@ as World.values calls it). Prints the process's resident memory after each call,
 else is handed back), and its peak so far; flat after the first calls is the target. --keep: freed memory kept
 between calls, as the attribution did before it handed it back after each (attribution.handed_back).
 
-    python -m tools.memgrowth --model qwen2.5-coder-0.5b --calls 20 --threads 1
-    python -m tools.memgrowth --model qwen2.5-coder-0.5b --layers 4 --calls 20 --threads 1   # random weights, the
+    python -m tools.perf.memgrowth --model qwen2.5-coder-0.5b --calls 20 --threads 1
+    python -m tools.perf.memgrowth --model qwen2.5-coder-0.5b --layers 4 --calls 20 --threads 1   # random weights, the
                                                               # model's widths and vocabulary, 4 layers: cheaper
-    python -m tools.memgrowth --model qwen2.5-coder-1.5b --calls 20 --threads 2              # the 1.5B (8-20 GB)
+    python -m tools.perf.memgrowth --model qwen2.5-coder-1.5b --calls 20 --threads 2              # the 1.5B (8-20 GB)
 
 Prompts are random token ids, so a real model seldom samples EOS early and most calls run to the budget (the long
 calls that grew); --layers keeps every buffer's width (the KV cache's per layer, the [rows, vocabulary] scores) and
@@ -24,20 +24,7 @@ import epicprm
 import sample
 from config import shared
 from infra import cli, cpu, memory, models
-from tools.attribution import handed_back
-
-
-def statm() -> int:
-    """Resident bytes now, as the process holds them (memory.rss_bytes first hands freed memory back)."""
-    import os
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def high_water() -> int:
-    """The resident set's peak since the process began (VmHWM)."""
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+from tools.attribution.locate import handed_back
 
 
 def load(args):
@@ -103,13 +90,15 @@ def main(argv=None):
     model.to(args.device)
     vocab = model.get_output_embeddings().weight.shape[0]
     shape = f" ({args.layers} layers{f' of hidden size {args.hidden}' if args.hidden else ''}, random weights)"
-    print(f"{args.model}{shape if args.layers else ''}: loaded in "
-          f"{time.time() - t0:.0f} s; resident {statm() / memory.GiB:.2f} GiB; calls of {args.prefixes} x {args.n} "
-          f"rows, prefixes of {low}-{high} tokens, {args.max_new_tokens} new tokens at most, bf16 {args.bf16}, "
+    # resident memory as the process holds it (memory.rss_bytes would hand freed memory back first)
+    print(f"{args.model}{shape if args.layers else ''}: loaded in {time.time() - t0:.0f} s; resident "
+          f"{memory.resident_bytes() / memory.GiB:.2f} GiB; calls of {args.prefixes} x {args.n} rows, "
+          f"prefixes of {low}-{high} tokens, {args.max_new_tokens} new tokens at most, bf16 {args.bf16}, "
           f"freed memory {'kept' if args.keep else 'handed back'} after each call")
     plan = memory.memory_plan(model.config, rollouts=args.n * args.prefixes, gen_rollouts=args.n * args.prefixes,
                               prompt_len=high, max_new_tokens=args.max_new_tokens, micro_batch=1, bf16=args.bf16,
-                              grad_checkpointing=False, beta=0, ref_on_cpu=False, first_step=True)["sampling"]
+                              grad_checkpointing=False, reference=False, ref_on_cpu=False,
+                              first_step=True)["sampling"]
     print(f"the memory plan's sampling phase at this shape (infra/memory.py, prefixes of {high}): "
           f"{sum(plan.values()) / memory.GiB:.2f} GiB (" + ", ".join(f"{k} {v / memory.GiB:.2f}" for k, v in
                                                                     plan.items()) + ")")
@@ -122,7 +111,8 @@ def main(argv=None):
                                   max_new_tokens=args.max_new_tokens, grades=[lambda text: False] * len(prompts),
                                   decode=lambda ids: "", eos_id=eos, pad_id=pad, batch=args.n * args.prefixes)
         print(f"call {call:3d}: {time.time() - t:6.1f} s, prefixes {[len(x) for x in prompts]}, resident "
-              f"{statm() / memory.GiB:6.2f} GiB, peak so far {high_water() / memory.GiB:6.2f} GiB", flush=True)
+              f"{memory.resident_bytes() / memory.GiB:6.2f} GiB, peak so far "
+              f"{memory.high_water_bytes() / memory.GiB:6.2f} GiB", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The --dry-run plan against what runs measured, phase by phase, as one Markdown table.
 
-    python -m tools.memcheck runs/ktae-seed0 runs/oar-g-seed0 ...     # train.py's run directories
+    python -m tools.perf.memcheck runs/ktae-seed0 runs/oar-g-seed0 ...     # train.py's run directories
 
 For each run directory (run.json: the settings; metrics.jsonl: each step's peak memory by phase, its seconds by
 stage and its prompt length) the first step is compared: the plan (infra/memory.py) for that run's settings, its

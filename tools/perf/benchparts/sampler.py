@@ -4,9 +4,9 @@ step's attention written out as two matmuls (infra/fastpath.py) against torch's 
 import contextlib
 import time
 
-from tools.benchparts.machine import sync
-from tools.benchparts.table import Table, median, progress, rate
-from tools.benchparts.workload import Workload, load_workload, matmul_parameters
+from tools.perf.benchparts.machine import sync
+from tools.perf.benchparts.table import Table, median, progress, rate
+from tools.perf.benchparts.workload import Workload, load_workload, matmul_parameters
 
 
 def useful_tokens(responses, eos_id: int) -> int:

@@ -1,26 +1,28 @@
-"""The one-GPU check: one command that a GPU lent for 15 minutes runs in one call (issue 60; docs/gpu.md).
+"""The one GPU check: the whole one-GPU path on your GPU in one command, every number in one JSON (docs/gpu.md).
 
-    bash tools/gpu_check.sh                                  # on the GPU machine: the wheels, then this module
-    python -m tools.gpu_check --out DIR                      # here with a GPU; on a CPU the rehearsal (tiny sizes)
-    python -m tools.gpu_check --fetch-wheels                 # once, on a machine with the package index: .whl/
+    python -m tools.perf.gpu_check --out DIR                 # on a CUDA device, about 6-9 minutes
+    python -m tools.perf.gpu_check --sizes recipe --out DIR  # memory and steps at docs/gpu.md's recipe, 25-35 min
+    python -m tools.perf.gpu_check --device cpu --out DIR    # the rehearsal: the same code at a tiny width
+    bash tools/perf/gpu_check.sh                             # the same on a machine without a package index
 
 Parts, in order of value, each in its own process with its own time cap (a hang ends that part, not the check), and
 all of them within --budget seconds (a part gets what is left, at most its cap):
-  setup     a randomly initialised model of Qwen2.5-Math-1.5B's configuration (no weights travel: the tree sent
-            to the device is 64 MiB at most), a tokenizer of its vocabulary, and problems of a fixed prompt length
+  setup     a randomly initialised model of Qwen2.5-Math-1.5B's configuration (no weights to download), a
+            tokenizer of its vocabulary, and problems of a fixed prompt length
   tests     tests/test_on_device.py with TEST_DEVICE set: the sampler against generate, log-probs against the
             training forward, each method's step, bf16, a checkpoint that reopens and resumes, LoRA
   machine   bf16 and float32 matmul rates at the model's shapes, memory bandwidth
   sampler   our sampler (two-matmul and SDPA decode attention) against model.generate at the recipe's batch
   steps     seconds a step of grpo, ktae, oar-g and oar-p, and the training pass's MFU against the machine part's rate
   memory    --dry-run's plan against each phase's measured peak, full-parameter and LoRA rank 8
+  oar-g     OAR-G's advantage phase at its default chunk: measured on the steps' lengths, planned at the memory part's
   train     recipes/gpu-1.5b.yaml and recipes/gpu-1.5b-lora.yaml on the random model, shortened: a step saved,
             --resume for one more, evaluate.py on the checkpoint
 
-What comes back (DIR, at most 8 files): gpu_check.json (every number, each part's status and seconds),
-gpu_check.log (each part's start and end, and all it printed), tests.xml (pytest's report), and the two recipe
-runs' metrics.jsonl. The sizes are SIZES[device kind]: on a CPU the same code at a tiny width (the rehearsal that
-tests/test_gpu_check.py runs, so that the GPU's first call cannot fail on a typo or a missing file).
+What it writes (DIR): gpu_check.json (every number, each part's status and seconds), gpu_check.log (each part's
+start and end, and all it printed), tests.xml (pytest's report), and the two recipe runs' metrics.jsonl. The sizes
+are SIZES[--sizes]: "quick" on a GPU by default, "recipe" at the recipe's lengths, and on a CPU "cpu", the same code at
+a tiny width (the rehearsal that tests/test_gpu_check.py runs, so that a typo or a missing file fails here first).
 """
 import argparse
 import json
@@ -33,14 +35,14 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
-from infra import cli
+from infra import cli, files
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/perf/ is two down
 WHEELS = os.path.join(ROOT, "requirements", "gpu-check-wheels.txt")
 WHEEL_DIR = os.path.join(ROOT, ".whl")
-WHEEL_BUDGET = 48 * 2**20  # of the 64 MiB the device's tree may take, the rest for the project and .cache/tiny-*
+WHEEL_BUDGET = 48 * 2**20  # gpu_check.sh's wheels: a machine that receives the tree, not the index, is sent them
 
 
 @dataclass(frozen=True)
@@ -51,15 +53,18 @@ class Part:
 
 
 # Caps sum to more than the budget: a part that ends early leaves its time to the later ones. The expected seconds on
-# an H100/H200 (docs/gpu.md, "The one-GPU check") are about half of each cap.
+# an H100/H200 at the quick sizes (docs/gpu.md, "The GPU check") are about half of each cap; --sizes recipe scales
+# every cap by RECIPE_SCALE.
 PARTS = [Part("setup", 60, "the random model, its tokenizer and the problems"),
          Part("tests", 150, "tests/test_on_device.py on the device"),
          Part("machine", 45, "matmul rates and memory bandwidth"),
          Part("sampler", 90, "our sampler against model.generate"),
          Part("steps", 180, "seconds a step of grpo, ktae, oar-g, oar-p; training MFU"),
          Part("memory", 120, "the plan against measured peaks, full-parameter and LoRA rank 8"),
+         Part("oar-g", 60, "OAR-G's advantage phase at its default chunk, measured and planned"),
          Part("train", 180, "the two GPU recipes: a step, --resume, evaluate.py")]
-BUDGET = 530  # seconds for all parts: under the 9 minutes the issue allows, inside the device call's 560 s limit
+BUDGET = 590  # seconds for all parts at the quick sizes (a part that hangs cannot hold the check longer)
+RECIPE_SCALE = 5  # --sizes recipe: its caps and budget this many times the quick sizes' (25-35 minutes in all)
 STEP_METHODS = ["grpo", "ktae", "oar-g", "oar-p"]
 
 
@@ -80,7 +85,11 @@ class Sizes:
 SIZES = {
     # 28 layers, 151,936 ids: 1.54B parameters. A random model samples to the length limit, so each length is the
     # work done: the sampler 128 rows x 256 tokens, a step 16 rollouts x 128, the memory part 32 x 256
-    "cuda": Sizes({}, 128, 8, 16, 256, 2, 128, 32, 256, 128),
+    "quick": Sizes({}, 128, 8, 16, 256, 2, 128, 32, 256, 128),
+    # docs/gpu.md's recipe: 256-token prompts, the memory part's 8 prompts x G = 16 to 3,072 tokens (its peaks are
+    # those of one generation batch of 8 prompts and of one micro-batch, as at the recipe's 16 prompts), steps and
+    # the sampler at 512 tokens
+    "recipe": Sizes({}, 256, 8, 16, 512, 8, 512, 64, 3072, 128),
     # the rehearsal: 2 layers of width 128, a few tokens: every part runs its code in seconds on a CPU. 2,048 ids, so
     # that the tokenizer's filler tokens "<i>" (benchparts.gpu.write_tokenizer) are of both parities, 5 and 6
     # characters, and the length-parity grader mixes groups (with 512 ids every token decodes to an odd length, and
@@ -95,11 +104,12 @@ def log(text: str):
     print(f"[{time.strftime('%H:%M:%S')}] gpu_check: {text}", flush=True)
 
 
-def sizes_for(device: str) -> Sizes:
-    return SIZES["cuda" if device.startswith("cuda") else "cpu"]
+def sizes_for(device: str, sizes: str = "quick") -> Sizes:
+    """--sizes on a GPU; on a CPU always the rehearsal's."""
+    return SIZES[sizes if device.startswith("cuda") else "cpu"]
 
 
-# ---- the parts, each run in its own process: python -m tools.gpu_check --part NAME --work DIR ...
+# ---- the parts, each run in its own process: python -m tools.perf.gpu_check --part NAME --work DIR ...
 
 def base_flags(work: str, device: str, threads) -> tuple:
     """train.py's flags every part shares: the random model and its problems, the stand-in grader (length parity:
@@ -114,7 +124,7 @@ QUIET = ("--no-final-eval", "--no-final-save", "--eval-every", "0", "--save-ever
 
 
 def part_setup(a, s: Sizes, table):
-    from tools.benchparts import gpu
+    from tools.perf.benchparts import gpu
     cfg = gpu.write_model(os.path.join(a.work, "model"), s.shapes, a.device)
     gpu.write_problems(os.path.join(a.work, "problems.jsonl"), s.prompt_tokens)
     from infra import memory
@@ -164,16 +174,15 @@ def model_config(work: str):
 
 
 def part_machine(a, s: Sizes, table):
-    from tools.benchparts.machine import machine_rows
+    from tools.perf.benchparts.machine import machine_rows
     cfg = model_config(a.work)
     limits = machine_rows(table, cfg, s.sampler_prompts * s.group, 4 * (s.prompt_tokens + s.memory_tokens),
                           a.device, gib=2.0 if a.device.startswith("cuda") else 0.25)
-    with open(os.path.join(a.work, "machine.json"), "w") as f:  # the steps part's MFU reads it
-        json.dump(limits, f)
+    files.write_json(os.path.join(a.work, "machine.json"), limits)  # the steps part's MFU reads it
 
 
 def part_sampler(a, s: Sizes, table):
-    from tools.benchparts.sampler import gpu_sampler_rows
+    from tools.perf.benchparts.sampler import gpu_sampler_rows
     flags = base_flags(a.work, a.device, a.threads) + (
         "--prompts-per-step", str(s.sampler_prompts), "--group-size", str(s.group), "--max-new-tokens",
         str(s.sampler_tokens), "--bf16")
@@ -181,9 +190,9 @@ def part_sampler(a, s: Sizes, table):
 
 
 def part_steps(a, s: Sizes, table):
-    from tools.benchparts.steps import step_rows
-    from tools.benchparts.workload import Setting, training_flops
-    from tools.benchparts.table import rate
+    from tools.perf.benchparts.steps import step_rows
+    from tools.perf.benchparts.workload import Setting, training_flops
+    from tools.perf.benchparts.table import rate
     G = s.group // 2
     flags = base_flags(a.work, a.device, a.threads) + QUIET + (
         "--prompts-per-step", str(s.step_prompts), "--group-size", str(G), "--max-new-tokens", str(s.step_tokens),
@@ -206,13 +215,30 @@ def part_steps(a, s: Sizes, table):
 
 
 def part_memory(a, s: Sizes, table):
-    from tools.benchparts.gpu import memory_rows
-    recipe = base_flags(a.work, a.device, a.threads) + QUIET + (
+    from tools.perf.benchparts.gpu import memory_rows
+    recipe = recipe_flags(a, s)
+    memory_rows(table, "full-parameter", recipe, "ktae", None)
+    memory_rows(table, "LoRA rank 8", recipe + ("--lora-rank", "8", "--lr", "1e-5"), "ktae", None)
+
+
+def recipe_flags(a, s: Sizes) -> tuple:
+    """The memory part's train.py flags: docs/gpu.md's recipe at the sizes' lengths."""
+    return base_flags(a.work, a.device, a.threads) + QUIET + (
         "--prompts-per-step", str(s.step_prompts), "--group-size", str(s.group), "--max-new-tokens",
         str(s.memory_tokens), "--beta", "0.001", "--bf16", "--grad-checkpointing", "--micro-batch-size", "4",
         "--gen-batch-size", "8")
-    memory_rows(table, "full-parameter", recipe, "ktae", None)
-    memory_rows(table, "LoRA rank 8", recipe + ("--lora-rank", "8", "--lr", "1e-5"), "ktae", None)
+
+
+def part_oar_g(a, s: Sizes, table):
+    """OAR-G's peak is set by its chunk of rollouts and their length, not by how many a step has: measured at its
+    default chunk on the steps' responses, and planned (--dry-run, not run: at the recipe's 3,072 tokens its default
+    chunk needs more memory than one GPU has) at the memory part's."""
+    from tools.perf.benchparts.gpu import memory_rows, oar_g_plan_row
+    recipe = recipe_flags(a, s)
+    measured = recipe + ("--prompts-per-step", str(max(1, s.step_prompts // 4)), "--max-new-tokens", str(s.step_tokens))
+    memory_rows(table, f"OAR-G at its default chunk, {s.step_tokens} tokens", measured, "oar-g", None,
+                phases=("advantage",))
+    oar_g_plan_row(table, model_config(a.work), recipe, s.prompt_tokens)
 
 
 def part_train(a, s: Sizes, table):
@@ -265,27 +291,25 @@ def run_logged(cmd: list) -> tuple:
 
 
 RUNNERS = {"setup": part_setup, "tests": part_tests, "machine": part_machine, "sampler": part_sampler,
-           "steps": part_steps, "memory": part_memory, "train": part_train}
+           "steps": part_steps, "memory": part_memory, "oar-g": part_oar_g, "train": part_train}
 
 
 def run_part(a):
     """One part in this process: its rows (and failures) to WORK/part-NAME.json, rewritten at each row, so that a
     part stopped at its cap still reports what it measured."""
     from infra import cpu
-    from tools.benchparts.table import Table
+    from tools.perf.benchparts.table import Table
 
     class Saved(Table):
         def row(self, *cells):
             super().row(*cells)
-            path = os.path.join(a.work, f"part-{a.part}.json")
-            with open(path + ".tmp", "w") as f:
-                json.dump({"rows": [dict(zip(("part", "what", "measured", "against", "ratio"), r)) for r in self.rows],
-                           "failures": self.failures}, f, indent=1)
-            os.replace(path + ".tmp", path)
+            files.write_json(os.path.join(a.work, f"part-{a.part}.json"), {
+                "rows": [dict(zip(("part", "what", "measured", "against", "ratio"), r)) for r in self.rows],
+                "failures": self.failures}, indent=1)
 
     cpu.setup(a.threads)
     table = Saved(f"gpu_check part {a.part} on {a.device}")
-    RUNNERS[a.part](a, sizes_for(a.device), table)
+    RUNNERS[a.part](a, sizes_for(a.device, a.sizes), table)
     sys.exit(1 if table.failures else 0)
 
 
@@ -310,7 +334,7 @@ def check(a) -> dict:
     work = a.work or tempfile.mkdtemp(prefix="gpu_check-")
     chosen = [p for p in PARTS if p.name in a.parts]
     report = {**device_facts(a.device), "started": time.strftime("%Y-%m-%d %H:%M:%S"), "budget_s": a.budget,
-              "sizes": asdict(sizes_for(a.device)), "parts": []}
+              "sizes": asdict(sizes_for(a.device, a.sizes)), "parts": []}
     t0 = time.time()
     for p in chosen:
         left = a.budget - (time.time() - t0)
@@ -322,8 +346,9 @@ def check(a) -> dict:
             continue
         cap = int(min(p.cap * a.cap_scale, left))
         log(f"part {p.name}: start (cap {cap} s, {left:.0f} s of the budget left): {p.what}")
-        cmd = [sys.executable, "-m", "tools.gpu_check", "--part", p.name, "--work", work, "--out", out,
-               "--device", a.device, "--methods", ",".join(a.methods), "--cap-scale", str(a.cap_scale),
+        cmd = [sys.executable, "-m", "tools.perf.gpu_check", "--part", p.name, "--work", work, "--out", out,
+               "--device", a.device, "--sizes", a.sizes, "--methods", ",".join(a.methods),
+               "--cap-scale", str(a.cap_scale),
                *(("--threads", str(a.threads)) if a.threads else ()), *(f"--pytest-arg={x}" for x in a.pytest_args)]
         started = time.time()
         proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)  # its own group: a timeout ends its children
@@ -348,11 +373,8 @@ def check(a) -> dict:
 
 
 def write_json(out: str, report: dict, seconds: float):
-    """gpu_check.json, written whole after each part (tmp + rename): a call cut off still brings back the parts done."""
-    tmp = os.path.join(out, "gpu_check.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump({**report, "seconds": round(seconds, 1)}, f, indent=1)
-    os.replace(tmp, os.path.join(out, "gpu_check.json"))
+    """gpu_check.json, written whole after each part: a check cut off still leaves the parts done."""
+    files.write_json(os.path.join(out, "gpu_check.json"), {**report, "seconds": round(seconds, 1)}, indent=1)
 
 
 def pins() -> dict:
@@ -411,7 +433,7 @@ def fetch_wheels():
         unreachable = any(m in r.stderr for m in ("from versions: none", "NewConnectionError", "Connection refused",
                                                   "Max retries", "Name or service not known", "timed out"))
         where = os.environ.get("PIP_INDEX_URL") or "pip's index"
-        sys.exit(f"--fetch-wheels: " + (f"the wheel host ({where}) could not be reached" if unreachable else
+        sys.exit("--fetch-wheels: " + (f"the wheel host ({where}) could not be reached" if unreachable else
                                         "pip download failed") + f" (pip: {said[0]}): run --fetch-wheels on a machine "
                  f"that reaches it, or copy the wheels {os.path.relpath(WHEELS, ROOT)} pins into {WHEEL_DIR}")
     if wheel_problem():
@@ -429,9 +451,14 @@ def main(argv=None):
     p.add_argument("--device", default=None, help="cuda, or cpu for the rehearsal (default: cuda where there is one)")
     p.add_argument("--parts", default=",".join(x.name for x in PARTS),
                    help="comma-separated, run in this order (default: all): %(default)s")
-    p.add_argument("--budget", type=int, default=BUDGET, help="seconds for all parts (default: %(default)s)")
-    p.add_argument("--cap-scale", type=float, default=1.0, help="each part's cap times this: a rehearsal on a slow "
-                                                                 "or shared CPU (default: %(default)s)")
+    p.add_argument("--sizes", choices=("quick", "recipe"), default="quick",
+                   help="on a GPU: quick (minutes), or recipe (docs/gpu.md's lengths; caps and budget x "
+                        f"{RECIPE_SCALE}) (default: %(default)s)")
+    p.add_argument("--budget", type=int, default=None, help=f"seconds for all parts (default: {BUDGET}; x "
+                                                             f"{RECIPE_SCALE} with --sizes recipe)")
+    p.add_argument("--cap-scale", type=float, default=None, help="each part's cap times this: a rehearsal on a slow "
+                                                                  "or shared CPU (default: 1; "
+                                                                  f"{RECIPE_SCALE} with --sizes recipe)")
     p.add_argument("--methods", default=",".join(STEP_METHODS), help="the steps part's (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--pytest-arg", dest="pytest_args", action="append", default=[],
@@ -443,6 +470,9 @@ def main(argv=None):
     p.add_argument("--work", default=None, help=argparse.SUPPRESS)  # the children's shared folder
     a = p.parse_args(argv)
     # every value checked before anything is fetched, imported or started (a part's traceback would come minutes in)
+    scale = RECIPE_SCALE if a.sizes == "recipe" else 1
+    a.budget = BUDGET * scale if a.budget is None else a.budget
+    a.cap_scale = float(scale) if a.cap_scale is None else a.cap_scale
     if a.budget < 1:
         p.error(f"--budget {a.budget}: must be at least 1 second")
     if not (math.isfinite(a.cap_scale) and a.cap_scale > 0):

@@ -1,13 +1,13 @@
-"""Speed, against model.generate, TRL and the machine's own limits (issue 29), and the one-GPU table of memory and
-seconds at Qwen2.5-Math-1.5B's configuration (issue 28). One table, each row printed as soon as it is measured.
+"""Speed, against model.generate, TRL and the machine's own limits (issue 29). One table, each row printed as soon as
+it is measured.
 
-    python -m tools.bench --threads 2                         # the tiny default: every part but TRL's
-    python -m tools.bench --model smollm2-135m --threads 2    # the SmolLM2 recipe's setting, about 17 minutes
-    python -m tools.bench --model qwen2.5-coder-0.5b --threads 2 --trl
-    python -m tools.bench --parts steps --methods grpo,ktae --steps 6    # a quick look at two methods' steps
-    python -m tools.bench --model smollm2-135m -- --bf16      # more train.py flags, for every part (bf16 autocast)
-    python -m tools.bench --model qwen2.5-coder-0.5b --parts oar-p,steps --methods grpo,oar-p -- --max-new-tokens 128
-                                                              # a length after --: OAR-P's too (else a short one)
+    python -m tools.perf.bench --threads 2                         # the tiny default: every part but TRL's
+    python -m tools.perf.bench --model smollm2-135m --threads 2    # the SmolLM2 recipe's setting, about 17 minutes
+    python -m tools.perf.bench --model qwen2.5-coder-0.5b --threads 2 --trl
+    python -m tools.perf.bench --parts steps --methods grpo,ktae --steps 6    # a quick look at two methods' steps
+    python -m tools.perf.bench --model smollm2-135m -- --bf16      # more train.py flags, for every part (bf16 autocast)
+    python -m tools.perf.bench --model qwen2.5-coder-0.5b --parts oar-p,steps --methods grpo,oar-p -- \\
+        --max-new-tokens 128                                  # a length after --: OAR-P's too (else a short one)
 
 Parts (--parts, in this order): machine (matrix products at the model's shapes, float32 and bf16; memory
 bandwidth), sampler (sample.generate against model.generate on the same prompts, lengths and batch, greedy and
@@ -22,17 +22,8 @@ at the setting's fewer prompts a step, ours run again at them), llama
 is benchmarked on (its data, batch, lengths, temperature, grader, steps and repetitions) is
 benchparts/workload.py's SETTINGS.
 
-    python -m tools.bench --gpu                               # on a CUDA device: every part, about 30 minutes
-    python -m tools.bench --gpu --parts memory-recipe         # or one part a call, each under 10 minutes: machine,
-                                                              #   memory-recipe, memory-smaller, memory-lora,
-                                                              #   steps, oar-g, sampler
-    python -m tools.bench --gpu --device cpu --threads 2      # the same code at 2 layers, 8,192 ids, short lengths
-
---gpu: a randomly initialised model of Qwen2.5-Math-1.5B's configuration through train.py (benchparts/gpu.py):
-the plan against each phase's measured peak at docs/gpu.md's recipe, at a smaller setting and with LoRA; seconds a
-step of grpo, ktae, oar-g and oar-p (OAR-P on a short response); our sampler with SDPA and with the two-matmul
-decode attention against model.generate; OAR-G's peak at its default chunk (and its plan at the recipe's
-length, where only a smaller chunk fits: `--dry-run` names it).
+The one-GPU check (Qwen2.5-Math-1.5B's configuration on a CUDA device: memory against the plan, seconds a step,
+the sampler, the GPU recipes end to end) is tools/perf/gpu_check.py (docs/gpu.md).
 
 Timings depend on the machine and on what else runs on it: docs/LOG.md has what these commands measured, dated.
 """
@@ -43,15 +34,14 @@ import time
 
 import methods  # (torch and the heavier modules are imported where they are used: --help answers at once)
 from infra import cli, cpu, models
-from tools.benchparts.gpu import GPU_METHODS, GPU_PARTS, run_gpu
-from tools.benchparts.llamacpp import llama_rows
-from tools.benchparts.machine import machine_rows
-from tools.benchparts.oarp import oar_p_rows
-from tools.benchparts.sampler import sampler_rows
-from tools.benchparts.steps import default_methods, step_rows, training_mfu
-from tools.benchparts.table import Table, progress
-from tools.benchparts.trl_step import trl_rows
-from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, gives_length, load_workload, overridden
+from tools.perf.benchparts.llamacpp import llama_rows
+from tools.perf.benchparts.machine import machine_rows
+from tools.perf.benchparts.oarp import oar_p_rows
+from tools.perf.benchparts.sampler import sampler_rows
+from tools.perf.benchparts.steps import default_methods, step_rows, training_mfu
+from tools.perf.benchparts.table import Table, progress
+from tools.perf.benchparts.trl_step import trl_rows
+from tools.perf.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, gives_length, load_workload, overridden
 
 CPU_PARTS = ["machine", "sampler", "oar-p", "steps", "trl", "llama"]
 
@@ -100,15 +90,11 @@ def main(argv=None):
     p.add_argument("--model", default=models.DEFAULT, help="any train.py --model; benchparts/workload.py's SETTINGS "
                                                            "says what each alias is benchmarked on (default: "
                                                            "%(default)s)")
-    p.add_argument("--gpu", action="store_true", help="the one-GPU table at Qwen2.5-Math-1.5B's configuration (issue "
-                                                      "28; --model is not read); --device cpu runs it at 2 layers, "
-                                                      "8,192 ids and short lengths")
     p.add_argument("--parts", default=None, help=f"comma-separated, in their order: {','.join(CPU_PARTS)} (default: "
-                                                 f"all but trl); with --gpu {','.join(GPU_PARTS)} (default: all)")
+                                                 f"all but trl)")
     p.add_argument("--trl", action="store_true", help="also TRL's GRPOTrainer (the trl part; requirements/trl.txt)")
     p.add_argument("--methods", default=None, help="the steps part's train.py methods, comma-separated; the first is "
-                                                   f"the baseline (default: {','.join(default_methods())}; with "
-                                                   f"--gpu {','.join(GPU_METHODS)})")
+                                                   f"the baseline (default: {','.join(default_methods())})")
     p.add_argument("--steps", type=int, default=None, help="train.py steps a run (default: the model's setting)")
     p.add_argument("--warmup", type=int, default=None, help="steps a run left out of the medians (default: the "
                                                             "model's setting)")
@@ -124,10 +110,8 @@ def main(argv=None):
                                                              "is yours)")
     p.add_argument("train_args", nargs="*", help="more train.py flags for every part, after --, e.g. -- --bf16")
     args = p.parse_args(argv)
-    known = GPU_PARTS if args.gpu else CPU_PARTS
+    known = CPU_PARTS
     parts = args.parts.split(",") if args.parts is not None else [x for x in known if x != "trl" or args.trl]
-    if args.trl and args.gpu:
-        p.error("--trl: TRL's GRPOTrainer is a part of the benchmark of --model, not of --gpu")
     if args.trl_prompts is not None and args.trl_prompts < 1:
         p.error(f"--trl-prompts {args.trl_prompts}: TRL's prompts a step, at least 1")
     if args.trl and "trl" not in parts:
@@ -135,8 +119,7 @@ def main(argv=None):
     for x in parts:
         if x not in known:
             p.error(f"--parts: unknown part {x!r} (choose from {', '.join(known)})")
-    default = GPU_METHODS if args.gpu else default_methods()
-    chosen = [m.strip() for m in (args.methods or ",".join(default)).split(",") if m.strip()]
+    chosen = [m.strip() for m in (args.methods or ",".join(default_methods())).split(",") if m.strip()]
     for m in chosen:
         if m not in methods.names():
             p.error(f"--methods: unknown method {m!r} (choose from {', '.join(methods.names())})")
@@ -147,7 +130,7 @@ def main(argv=None):
     cpu.setup(args.threads)
     torch.manual_seed(0)
     t0 = time.time()
-    table = (run_gpu if args.gpu else run_cpu)(args, chosen, parts)
+    table = run_cpu(args, chosen, parts)
     if table.failures:
         more = f" (and {len(table.failures) - 1} more, in the table)" if len(table.failures) > 1 else ""
         sys.exit(f"bench: failed after {time.time() - t0:.0f} s: {table.failures[0]}{more}")

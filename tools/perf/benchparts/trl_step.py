@@ -5,9 +5,9 @@ import sys
 import tempfile
 import time
 
-from tools.benchparts.steps import step_medians, train_run
-from tools.benchparts.table import Table, median, progress
-from tools.benchparts.workload import Setting, Workload
+from tools.perf.benchparts.steps import step_medians, train_run
+from tools.perf.benchparts.table import Table, median, progress
+from tools.perf.benchparts.workload import Setting, Workload
 
 
 class TRLMissing(Exception):

@@ -2,10 +2,10 @@
 on one micro-batch of a model, under torch.profiler, the top operators by their own time and the pass's model
 FLOP/s. For the speed work of issue 39: what keeps bf16 training below the machine's matmul peak.
 
-    python -m tools.profile_step --model qwen2.5-coder-0.5b --threads 2           # bf16 autocast, this CPU's default
-    python -m tools.profile_step --model smollm2-135m --threads 2 -- --no-bf16    # more train.py flags after --
-    python -m tools.profile_step --model smollm2-135m --threads 2 --attention eager   # HF's eager attention
-    python -m tools.profile_step --model smollm2-135m --threads 2 --numerics          # log-probs by kernel
+    python -m tools.perf.profile_step --model qwen2.5-coder-0.5b --threads 2      # bf16 autocast, this CPU's default
+    python -m tools.perf.profile_step --model smollm2-135m --threads 2 -- --no-bf16    # more train.py flags after --
+    python -m tools.perf.profile_step --model smollm2-135m --threads 2 --attention eager   # HF's eager attention
+    python -m tools.perf.profile_step --model smollm2-135m --threads 2 --numerics          # log-probs by kernel
 
 The micro-batch is what benchparts/workload.py's setting of the model trains on (its prompts, G, the length limit),
 the responses random tokens of full length: a pass's cost depends on the shapes, not on the words. One pass warms
@@ -20,7 +20,7 @@ import torch
 import grpo
 import sample
 from infra import cli, cpu
-from tools.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, load_workload, training_flops
+from tools.perf.benchparts.workload import BENCH_FLAGS, OTHER, SETTINGS, load_workload, training_flops
 
 
 def batch(w, rows: int, T: int, seed: int = 0) -> dict:

@@ -4,9 +4,9 @@ token on over its row's cache (share_rows, what train.py runs) and each over eve
 seconds, the ratio, and how far apart their weights are. In float32, as train.py scores OAR."""
 import time
 
-from tools.benchparts.machine import sync
-from tools.benchparts.table import Table, median, progress
-from tools.benchparts.workload import Workload
+from tools.perf.benchparts.machine import sync
+from tools.perf.benchparts.table import Table, median, progress
+from tools.perf.benchparts.workload import Workload
 
 
 def oar_p_settings(w: Workload) -> dict:

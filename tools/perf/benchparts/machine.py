@@ -4,7 +4,7 @@ shares of them are computed where those are measured (sampler.py, steps.py)."""
 import statistics
 import time
 
-from tools.benchparts.table import Table, rate
+from tools.perf.benchparts.table import Table, rate
 
 
 GiB = 1024 ** 3

@@ -1,4 +1,4 @@
-"""The parts of tools/bench.py, one concern a file, each printing its rows into one table (table.py):
+"""The parts of tools/perf/bench.py, one concern a file, each printing its rows into one table (table.py):
 
     workload.py   what each model is benchmarked on (train.py's flags), and the model and prompts they load
     machine.py    the machine's own limits at the model's shapes: matrix products (float32, bf16), memory bandwidth
