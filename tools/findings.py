@@ -1,6 +1,6 @@
 """The numbers of docs/findings.md that tools.paired does not print, from the committed archives (issue 81):
 
-    python results/findings.py            # unpacks results/*/runs*.tar.gz into a temporary folder, prints Markdown
+    python -m tools.findings              # unpacks results/*/runs*.tar.gz into a temporary folder, prints Markdown
 
 1. Power per task: each rule's paired differences from grpo at equal steps (last evaluation, same seed, same machine),
    their sd; the pooled sd (root mean square over the rules at five seeds); the minimum detectable difference at 80 %
@@ -24,11 +24,10 @@ import sys
 import tarfile
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from infra import stats  # noqa: E402
-from tools import paired  # noqa: E402
+from infra import stats
+from tools import paired
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")  # the archives' folder
 TASKS = {"tiny": ["tiny-compare/runs.tar.gz"], "chain": ["chain-compare/runs.tar.gz"],
          "SmolLM2 arith": ["smol-compare/runs.tar.gz", "smol-compare/runs-xeon.tar.gz",
                            "smol-compare/runs-xeon2.tar.gz"]}

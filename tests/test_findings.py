@@ -1,13 +1,7 @@
-"""results/findings.py: the numbers of docs/findings.md that tools.paired does not print, from the archives."""
-import importlib.util
-import os
-
+"""tools/findings.py: the numbers of docs/findings.md that tools.paired does not print, from the archives."""
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location("findings", os.path.join(HERE, "..", "results", "findings.py"))
-findings = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(findings)
+from tools import findings
 
 
 def test_the_summed_clock_by_hand():
