@@ -47,12 +47,10 @@ def teacher_logprobs(model, batch: dict, teacher_prompts: list, rows: torch.Tens
     with torch.no_grad():
         for s in range(0, len(rows), chunk):
             r = rows[s:s + chunk].tolist()
-            pre, pre_attn = sample.left_pad([teacher_prompts[i] for i in r], pad_id)  # [c, P'], [c, P']
-            dev = ids.device
-            t_ids = torch.cat([pre.to(dev), ids[r, P:]], 1)  # [c, P' + T]
-            t_attn = torch.cat([pre_attn.to(dev), attn[r, P:]], 1)  # [c, P' + T]
-            out.append(sample.token_logprobs(model, t_ids, t_attn, pre.shape[1], temperature,
-                                             groups=torch.tensor(r, device=dev) // group_size).float())  # [c, T]
+            t_ids, t_attn, t_P = sample.with_prompts([teacher_prompts[i] for i in r], ids[r, P:], attn[r, P:],
+                                                     pad_id)  # [c, P' + T] each
+            out.append(sample.token_logprobs(model, t_ids, t_attn, t_P, temperature,
+                                             groups=torch.tensor(r, device=ids.device) // group_size).float())  # [c, T]
     return torch.cat(out)  # [n, T]
 
 

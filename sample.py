@@ -92,6 +92,16 @@ def left_pad(prompts: list, pad_id: int):
     return ids, mask
 
 
+def with_prompts(prompts: list, responses: torch.Tensor, response_attn: torch.Tensor, pad_id: int):
+    """The same responses [n, t] (and their attention mask) read after other prompts (token-id lists, one a row):
+    -> (ids [n, P' + t], attention_mask [n, P' + t], P'), the prompts left-padded to their longest, P'. A teacher
+    that is the model shown privileged context (RLSD's L1, SDPG's P2) reads its rollouts this way."""
+    pre, pre_attn = left_pad(prompts, pad_id)  # [n, P'], [n, P']
+    dev = responses.device
+    return (torch.cat([pre.to(dev), responses], 1), torch.cat([pre_attn.to(dev), response_attn], 1),  # [n, P' + t]
+            pre.shape[1])
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counted over real tokens only: [0,0,1,1,1] mask -> [0,0,0,1,2]."""
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)  # [N, L]

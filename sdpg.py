@@ -108,11 +108,8 @@ def teacher_hidden(model, prompts: list, responses: torch.Tensor, response_attn:
     """P2's teacher, the model reading prompts[i] (token ids of rollout i's privileged prompt) before the same
     response: its last hidden states [n, t, H] before the output layer, at the columns that predict each response
     token (as sample.token_logprobs's), without a gradient. responses, response_attn [n, t]."""
-    pre, pre_attn = sample.left_pad(prompts, pad_id)  # [n, P'], [n, P']
-    dev = responses.device
-    ids = torch.cat([pre.to(dev), responses], 1)  # [n, P' + t]
-    attn = torch.cat([pre_attn.to(dev), response_attn], 1)  # [n, P' + t]
+    ids, attn, P = sample.with_prompts(prompts, responses, response_attn, pad_id)  # [n, P' + t] each
     with torch.no_grad():
         h = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=sample.position_ids(attn),
                                 use_cache=False).last_hidden_state  # [n, P' + t, H]
-    return h[:, pre.shape[1] - 1:-1]  # [n, t, H]
+    return h[:, P - 1:-1]  # [n, t, H]

@@ -59,6 +59,13 @@ def test_position_ids_ignore_left_padding():
     assert got == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
 
 
+def test_responses_after_other_prompts():
+    # prompts [7] and [8, 9] (pad 0) before responses [[1, 2], [3, 0]] with mask [[1, 1], [1, 0]]:
+    # rows [0, 7, 1, 2] and [8, 9, 3, 0], masks [0, 1, 1, 1] and [1, 1, 1, 0], the new prompt width 2
+    ids, attn, P = sample.with_prompts([[7], [8, 9]], torch.tensor([[1, 2], [3, 0]]), torch.tensor([[1, 1], [1, 0]]), 0)
+    assert (ids.tolist(), attn.tolist(), P) == ([[0, 7, 1, 2], [8, 9, 3, 0]], [[0, 1, 1, 1], [1, 1, 1, 0]], 2)
+
+
 def test_concatenated_rounds_keep_their_logprobs(base):
     # DAPO's dynamic sampling stacks rounds with different prompt and response widths
     model, tok = base
