@@ -298,3 +298,23 @@ def test_the_difference_plot_keeps_each_seed_and_clips_a_wide_interval_by_hand(t
     # a seed beyond +-0.4 widens the axis to a tenth past it, so that no seed is cut off
     assert paired.axis_limit([dict(row, d_step_seeds=[-0.55, 0.1, 0.1])]) == 0.6
     assert paired.clipped({"d_step": (0.1, 0.0, 0.2), "d_wall": (math.nan, math.nan, math.nan)}, 0.4) == ""
+
+
+def test_the_reading_at_equal_sampled_groups_by_hand(tmp_path):
+    # grpo samples 1 group a step (2 by step 2, where it ends at 0.5); "wide" 2 a step at seed 0, 3 at seed 1, with
+    # evaluations 0.2, 0.4, 0.6 at steps 0, 1, 2. Read at grpo's 2 groups: seed 0 at its step 1, 0.4 - 0.5 = -0.1;
+    # seed 1 two thirds of the way to step 1 (3 groups), 0.2 + 0.2 * 2 / 3 = 0.3333, - 0.5 = -0.1667: mean -0.1333,
+    # seed 1 read before its first evaluation after step 0. A method sampling grpo's groups gets no such reading.
+    for seed, per_step in ((0, 2), (1, 3)):
+        for method, accs, groups in (("grpo", [0.2, 0.3, 0.5], 1), ("wide", [0.2, 0.4, 0.6], per_step),
+                                     ("same", [0.2, 0.3, 0.6], 1)):
+            run(tmp_path, method, seed, accs, 1.0)
+            d = tmp_path / f"{method}-seed{seed}" / "metrics.jsonl"
+            d.write_text("".join(line.replace('"reward_mean"', f'"groups_generated": {groups}, "reward_mean"') + "\n"
+                                 for line in d.read_text().splitlines()))
+    rows = {r["method"]: r for r in paired.rows(paired.finished(str(tmp_path)), "grpo", 0.5)}
+    w = rows["wide"]
+    assert w["d_groups"][0] == pytest.approx(-0.13333, abs=1e-4) and w["early_groups"] == 1
+    assert w["groups"] == [(4, 2), (6, 2)] and rows["same"]["d_groups"] is None
+    line = next(x for x in paired.table([w, rows["same"]], "grpo", 0.5).splitlines() if x.startswith("| wide | 2 | 5"))
+    assert "| 5 / 2 | -0.133 [" in line and line.endswith("| 1 |")

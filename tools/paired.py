@@ -30,6 +30,10 @@ its median step times the steps, robust to a machine shared for a while); a meth
 baseline's time for all its steps, its accuracy interpolated linearly in time between the two evaluations around that
 moment (a method faster than the baseline is read at its last step: the runs stop at --steps). The rows read before
 their first evaluation after step 0 are named under the table. The times are those of the machine the runs shared.
+
+Equal sampled groups (only for a method that samples another number of groups than the baseline: DAPO's dynamic
+sampling, D2): the method read when it had sampled as many groups of rollouts as the baseline did in all its steps
+(metrics' groups_generated), interpolated between evaluations as above: its gain per step less the extra samples.
 """
 import hashlib
 import json
@@ -77,12 +81,26 @@ def seconds_to(recs: list) -> dict:
     return {s: s * median for s in {0, *(r["step"] for r in recs)}}
 
 
-def accuracy_within(recs: list, seconds: float) -> float:
+def groups_to(recs: list) -> dict:
+    """{step: groups of rollouts sampled up to that step} (metrics' groups_generated: with DAPO's dynamic sampling,
+    every round's, kept or not), for the reading at equal sampled groups; a run that logged none: {}."""
+    per = {r["step"]: r["groups_generated"] for r in recs if "groups_generated" in r}
+    if not per:
+        return {}
+    out, total = {0: 0}, 0
+    for s in sorted({r["step"] for r in recs} - {0}):
+        total += per.get(s, 0)
+        out[s] = total
+    return out
+
+
+def accuracy_within(recs: list, seconds: float, spent: dict = None) -> float:
     """The run's accuracy after `seconds` of steps: interpolated linearly in time between the two evaluations around
     that moment, so that a run 1 % slower than the baseline is not read a whole evaluation earlier (at the last grid
     point it reached); past its last evaluation, that one's (the run stopped at --steps). accuracy_within of a run
-    evaluated at steps 0 (0.2) and 10 (0.5), 1 s a step, at 4 s: 0.2 + 0.4 * 0.3 = 0.32."""
-    acc, spent = evals(recs), seconds_to(recs)
+    evaluated at steps 0 (0.2) and 10 (0.5), 1 s a step, at 4 s: 0.2 + 0.4 * 0.3 = 0.32. spent: another cost than
+    seconds, {step: cost so far} (groups_to's: the accuracy after that many sampled groups)."""
+    acc, spent = evals(recs), seconds_to(recs) if spent is None else spent
     points = sorted((spent.get(s, math.inf), a) for s, a in acc.items())
     before = [p for p in points if p[0] <= seconds * (1 + 1e-9)]
     after = [p for p in points if p[0] > seconds * (1 + 1e-9) and p[0] < math.inf]
@@ -94,10 +112,10 @@ def accuracy_within(recs: list, seconds: float) -> float:
     return a0 + (a1 - a0) * (seconds - t0) / (t1 - t0)
 
 
-def first_evaluation_time(recs: list) -> float:
+def first_evaluation_time(recs: list, spent: dict = None) -> float:
     """The seconds of steps to the run's first evaluation after step 0: a wall-clock reading before it is mostly the
-    untrained model's (tools.paired says which rows read so)."""
-    acc, spent = evals(recs), seconds_to(recs)
+    untrained model's (tools.paired says which rows read so). spent: another cost, as accuracy_within's."""
+    acc, spent = evals(recs), seconds_to(recs) if spent is None else spent
     later = [spent.get(s, math.inf) for s in acc if s > 0]
     return min(later) if later else math.inf
 
@@ -252,6 +270,12 @@ def rows(runs: dict, baseline: str, threshold: float) -> list:
         d_wall = [accuracy_within(seeds[s], budget[s]) - evals(base[s])[max(evals(base[s]))] for s in common] \
             if timed else [math.nan]
         early = sum(budget[s] < first_evaluation_time(seeds[s]) for s in common) if timed else 0
+        # equal sampled groups, where the two sample different numbers of groups (DAPO's dynamic sampling, D2): the
+        # method read when it had sampled the baseline's groups, interpolated as the wall-clock reading is
+        drawn = {s: (groups_to(seeds[s]), groups_to(base[s])) for s in common}
+        d_groups = [accuracy_within(seeds[s], b[max(evals(base[s]))], m) - evals(base[s])[max(evals(base[s]))]
+                    for s, (m, b) in drawn.items()] \
+            if all(m and b for m, b in drawn.values()) and any(m != b for m, b in drawn.values()) else None
         length = [[r["eval_response_len"] for r in seeds[s] if "eval_response_len" in r][-1]
                   - [r["eval_response_len"] for r in base[s] if "eval_response_len" in r][-1] for s in common]
         minutes = [seconds_to(seeds[s])[max(evals(seeds[s]))] / 60 for s in common] if timed else [math.nan]
@@ -265,6 +289,11 @@ def rows(runs: dict, baseline: str, threshold: float) -> list:
                         d_step=interval(d_step), d_wall=interval(d_wall), d_length=interval(length),
                         d_step_seeds=d_step, d_wall_seeds=d_wall,
                         mdd_step=detectable(d_step), mdd_wall=detectable(d_wall),
+                        d_groups=interval(d_groups) if d_groups else None,
+                        mdd_groups=detectable(d_groups) if d_groups else None,
+                        groups=[(max(m.values()), max(b.values())) for m, b in drawn.values()] if d_groups else None,
+                        early_groups=sum(b[max(evals(base[s]))] < first_evaluation_time(seeds[s], m)
+                                         for s, (m, b) in drawn.items()) if d_groups else 0,
                         length=statistics.mean([[r["eval_response_len"] for r in seeds[s] if "eval_response_len" in r]
                                                 [-1] for s in common]),
                         base_length=statistics.mean([[r["eval_response_len"] for r in base[s]
@@ -322,6 +351,15 @@ def table(rows_: list, baseline: str, threshold: float) -> str:
     if early:
         lines += ["", f"Read at {b}'s wall-clock before their first evaluation after step 0, so between the untrained "
                       f"model and that evaluation: {', '.join(early)}."]
+    drawn = [r for r in rows_ if r.get("d_groups")]
+    if drawn:  # a method that samples more groups a step than the baseline (D2): is its gain the extra samples?
+        lines += ["", f"At equal sampled groups (a method that samples another number of groups than {b}, DAPO's "
+                      f"dynamic sampling: read when it had sampled {b}'s groups, interpolated between evaluations):",
+                  "", f"| method | seeds | groups sampled in all: method / {b} | difference | detectable | verdict | "
+                      f"seeds read before their first evaluation after step 0 |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {r['method']} | {len(r['seeds'])} | {statistics.mean(m for m, _ in r['groups']):.0f} / "
+                  f"{statistics.mean(g for _, g in r['groups']):.0f} | {_ci(r['d_groups'])} | "
+                  f"{_mdd(r['mdd_groups'])} | {verdict(*r['d_groups'][:3])} | {r['early_groups']} |" for r in drawn]
     if any(_shared(r) for r in rows_):
         lines += ["", f"(shared): a run's median CPU share (metrics' time_cpu_share: the step's CPU seconds over its "
                       f"wall-clock seconds x threads) was below {SHARED}: other work took the machine while it ran, "
