@@ -29,10 +29,12 @@ D4 the reward functions below (+-1 and the soft overlong penalty) and mask_trunc
 filter). D2's dynamic sampling is not in TRL 1.16 and is not built here: every group is trained on, as
 train.py's --no-dynamic-sampling does. trl_train.py says so when the method asks for it.
 """
+import os
 import shlex
 
 import torch
 from accelerate.utils import gather_object
+from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 
 import dapo
@@ -40,7 +42,9 @@ import methods
 import oar
 import reward
 from config import training
+from infra import checkpoint
 
+RULE_STATE = "rule_state.pt"  # in a TRL checkpoint folder: what the rule keeps across steps (RLSD's frozen teacher)
 # G5's aggregations and TRL's loss_type that computes each (TRL divides by its own counts: "grpo" by each
 # micro-batch's rollouts, "dapo" by the generation batch's tokens, "dr_grpo" by rollouts x max_completion_length)
 LOSS_TYPE = {"seq-mean-token-mean": "grpo", "token-mean": "dapo", "seq-mean-token-sum-norm": "dr_grpo"}
@@ -136,12 +140,26 @@ class RuleGRPOTrainer(GRPOTrainer):
         self.rule_args.group_size = self.num_generations  # G, as TRL groups the rollouts
         self.rule_args.device = str(self.accelerator.device)
         self.pieces = {}  # token id -> its decoded text, for OAR's spans (kept across steps)
-        # what the rule keeps across steps (methods.Context.state: RLSD's frozen teacher), on each process; TRL's
-        # checkpoints do not save it, so a resumed run re-takes RLSD's teacher from the resumed policy (it says so)
+        # what the rule keeps across steps (methods.Context.state: RLSD's frozen teacher), on each process; saved
+        # beside TRL's checkpoint (RULE_STATE) where the rule keeps it (methods.Rule.saved), read back on resume
         self.rule_state = {}
         self._lengths = None
         self._rewards_per_func = None
         self.last = None  # the last step's gathered batch, rewards and local advantages (tests, heat maps)
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        keep = methods.RULES[self.rule_args.rule].saved(self.rule_state, self.state.global_step, self.rule_args)
+        if keep and self.accelerator.is_main_process:  # every process holds the same copy
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            torch.save(keep, os.path.join(folder, RULE_STATE))
+
+    def train(self, resume_from_checkpoint=None, **kw):
+        folder = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
+        if isinstance(folder, str) and os.path.exists(os.path.join(folder, RULE_STATE)):
+            kept = torch.load(os.path.join(folder, RULE_STATE), map_location="cpu", weights_only=True)
+            self.rule_state = checkpoint.restore_rule_state({"rule_state": kept}, str(self.accelerator.device))
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kw)
 
     def _generate(self, prompts):
         out = super()._generate(prompts)  # (prompt_ids, completion_ids, ...) as lists, this process's rows

@@ -209,7 +209,7 @@ def main(argv=None):
     trainer.add_callback(evals)
     before = held_out_accuracy(model, tokenizer, held_out, cfg, script) if main_process else None
     t0 = time.time()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint)  # TRL's flag (with --save_strategy steps)
     seconds = time.time() - t0 - evals.seconds
     if main_process:
         after = held_out_accuracy(trainer.model, tokenizer, held_out, cfg, script)

@@ -283,3 +283,23 @@ def test_trl_refuses_an_output_folder_that_holds_a_model_or_a_train_run(monkeypa
         assert str(e.value.code) == line
     with pytest.raises(pytest.fail.Exception, match="the model was loaded"):  # --overwrite: past the check
         trl_train.main(["--output_dir", str(tmp_path / "model"), "--overwrite"])
+
+
+def test_rlsds_frozen_teacher_is_saved_with_a_checkpoint_and_read_back(fixed, tmp_path):
+    # RLSD keeps the policy of its last sync (every 20 steps by default) as the teacher: a checkpoint after step 1
+    # must keep that copy (the policy before step 1's update), and a run resumed from it must read it, not re-take
+    # the teacher from the policy it resumes with (which step 1 moved)
+    import rlsd
+    model, tok, problems, _, _ = fixed
+    before = {n: p.detach().clone() for n, p in rlsd.trainable(model).items()}
+    cfg = dict(save_strategy="steps", save_steps=1, learning_rate=1e-2, lr_scheduler_type="constant", seed=0)
+    t = trainer_for("rlsd", copy.deepcopy(model), tok, problems, tmp_path, max_steps=1, **cfg)
+    t.train()
+    after = rlsd.trainable(t.model)
+    assert any(not torch.equal(after[n], p) for n, p in before.items()), "step 1 did not move the policy"
+    kept = torch.load(tmp_path / "checkpoint-1" / trl_grpo.RULE_STATE, weights_only=True)
+    assert kept["synced_at"] == 0 and all(torch.equal(kept["weights"][n], p) for n, p in before.items())
+    resumed = trainer_for("rlsd", copy.deepcopy(model), tok, problems, tmp_path, max_steps=2, **cfg)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert resumed.rule_state["synced_at"] == 0
+    assert all(torch.equal(resumed.rule_state["weights"][n], p) for n, p in before.items())
