@@ -1,6 +1,10 @@
 """The numbers of docs/findings.md that tools.paired does not print, from the committed archives (issue 81):
 
-    python -m tools.findings              # unpacks results/*/runs*.tar.gz into a temporary folder, prints Markdown
+    python -m tools.findings     # unpacks the archives of results/ (TASKS) into a temporary folder, prints Markdown
+
+The former RLSD and SHEAR runs of issue 62's archives are left out: the authors' methods (results/authors-methods)
+take their names. On tiny and chain the share of tokens a credit rule reshapes is read from results/tokens-reshaped, its
+seed-0 run again (every logged number equal but the timings) with that share logged.
 
 1. Power per task: each rule's paired differences from grpo at equal steps (last evaluation, same seed, same machine),
    their sd; the pooled sd (root mean square over the rules at five seeds); the minimum detectable difference at 80 %
@@ -19,6 +23,7 @@
 """
 import math
 import os
+import shutil
 import statistics
 import sys
 import tarfile
@@ -28,24 +33,36 @@ from infra import stats
 from tools import paired
 
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")  # the archives' folder
-TASKS = {"tiny": ["tiny-compare/runs.tar.gz"], "chain": ["chain-compare/runs.tar.gz"],
-         "SmolLM2 arith": ["smol-compare/runs.tar.gz", "smol-compare/runs-xeon.tar.gz",
-                           "smol-compare/runs-xeon2.tar.gz"]}
-NAMES = {"smol-compare/runs.tar.gz": "EPYC", "smol-compare/runs-xeon.tar.gz": "Xeon",
-         "smol-compare/runs-xeon2.tar.gz": "Xeon 2"}
+# a task: its machines' folders, each the archives unpacked into it in this order (a later run replaces an earlier of
+# the same name: the authors' RLSD and SHEAR)
+TASKS = {"tiny": {"EPYC": ["tiny-compare/runs.tar.gz", "authors-methods/tiny.tar.gz"]},
+         "chain": {"EPYC": ["chain-compare/runs.tar.gz", "authors-methods/chain.tar.gz"]},
+         "SmolLM2 arith": {"EPYC": ["smol-compare/runs.tar.gz", "dapo-parts/runs.tar.gz",
+                                    "authors-methods/smol-arith.tar.gz"],
+                           "Xeon": ["smol-compare/runs-xeon.tar.gz"], "Xeon 2": ["smol-compare/runs-xeon2.tar.gz"]}}
+# the credit rules' seed-0 runs again, equal in every logged number but their timings, with the share of tokens
+# reshaped, which the archived runs predate: read for that share alone (their timings are another session's)
+RESHAPED = {"tiny": "tokens-reshaped/tiny.tar.gz", "chain": "tokens-reshaped/chain.tar.gz"}
+# issue 62's archives hold RLSD and SHEAR as this project first wrote them, not as their authors did (issue 80)
+FORMER = {"tiny-compare/runs.tar.gz", "chain-compare/runs.tar.gz", "smol-compare/runs.tar.gz",
+          "smol-compare/runs-xeon.tar.gz", "smol-compare/runs-xeon2.tar.gz"}
 
 
-def unpack(tmp: str, archives: list, extra: str = None) -> list:
+def unpack(tmp: str, machines: dict) -> list:
+    """Each machine's archives into a folder of its own, the former RLSD and SHEAR runs left out (the log keeps their
+    rows), so that the authors' runs of the same names do not mix with them."""
     folders = []
-    for a in archives:
-        d = os.path.join(tmp, a.replace("/", "_").replace(".tar.gz", ""))
+    for name, archives in machines.items():
+        d = os.path.join(tmp, name.replace(" ", "-"))
         os.makedirs(d)
-        with tarfile.open(os.path.join(HERE, a)) as t:
-            t.extractall(d)
+        for a in archives:
+            with tarfile.open(os.path.join(HERE, a)) as t:
+                t.extractall(d)
+            if a in FORMER:
+                for run in os.listdir(d):
+                    if run.rpartition("-seed")[0] in ("rlsd", "shear"):
+                        shutil.rmtree(os.path.join(d, run))
         folders.append(d)
-    if extra:  # results/dapo-parts unpacks into the EPYC folder (its README)
-        with tarfile.open(os.path.join(HERE, extra)) as t:
-            t.extractall(folders[0])
     return folders
 
 
@@ -90,6 +107,8 @@ def power(task, runs):
             continue
         common = sorted(set(runs[method]) & set(base))
         d = [last(runs[method][s]) - last(base[s]) for s in common]
+        if len(d) < 2:  # one seed (grpo+sdpg on tiny): no spread
+            continue
         sd = statistics.stdev(d)
         if len(d) == 5:
             five.append(sd)
@@ -122,7 +141,7 @@ def machines(runs, names):
           f"that differ only by float sums, if its mean is 0)")
 
 
-def groups(task, runs):
+def groups(task, runs, again=None):
     print(f"\n### {task}: what the rules act on (per step: mean over steps, then over runs [runs' range])\n")
     print("| rule | runs | groups mixing right and wrong | groups sampled | groups with zero advantage (share) | "
           "tokens reshaped (share) |")
@@ -132,9 +151,15 @@ def groups(task, runs):
 
         def cell(key, fmt="{:.1f}"):
             xs = [m for m in (mean_of(r, key) for r in rs) if m is not None]
+            some = f" ({len(xs)} of {len(rs)} runs)" if len(xs) < len(rs) else ""
+            if not xs and again and method in again:  # the share of tokens reshaped: the rule's seed-0 run again
+                xs = [m for m in (mean_of(r, key) for r in again[method].values()) if m is not None]
+                some = " (seed 0 run again)"
             if not xs:
                 return "not logged"
-            return fmt.format(statistics.mean(xs)) + " [" + fmt.format(min(xs)) + ", " + fmt.format(max(xs)) + "]"
+            spread = fmt.format(xs[0]) if len(xs) == 1 else \
+                f"{fmt.format(statistics.mean(xs))} [{fmt.format(min(xs))}, {fmt.format(max(xs))}]"
+            return spread + some
         print(f"| {method} | {len(rs)} | {cell('groups_mixed')} | {cell('groups_generated')} | "
               f"{cell('zero_adv_groups', '{:.2f}')} | {cell('tokens_reshaped', '{:.2f}')} |")
 
@@ -164,13 +189,16 @@ def clock(task, runs):
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         for task, archives in TASKS.items():
-            folders = unpack(tmp, archives, "dapo-parts/runs.tar.gz" if len(archives) > 1 else None)
+            folders = unpack(os.path.join(tmp, task.replace(" ", "-")), archives)
             runs = paired.finished(*folders)
+            again = None
+            if task in RESHAPED:
+                again = paired.finished(unpack(os.path.join(tmp, task + "-again"), {"EPYC": [RESHAPED[task]]})[0])
             power(task, runs)
-            groups(task, runs)
+            groups(task, runs, again)
             clock(task, runs)
             if len(archives) > 1:
-                machines(runs, [NAMES[a] for a in archives])
+                machines(runs, list(archives))
 
 
 if __name__ == "__main__":
