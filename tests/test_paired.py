@@ -15,7 +15,10 @@ def test_interval_by_hand():
     # [0.1, 0.3]: mean 0.2, sd 0.1414, standard error 0.1414 / sqrt 2 = 0.1, t(1 df) 12.706: 0.2 +- 1.2706
     mean, low, high = paired.interval([0.1, 0.3])
     assert mean == pytest.approx(0.2) and low == pytest.approx(0.2 - 1.2706) and high == pytest.approx(0.2 + 1.2706)
-    assert paired.t975(4) == 2.776 and paired.t975(22) == 2.086 and paired.t975(40) == 1.96
+    assert paired.t975(4) == 2.776 and paired.t975(22) == 2.086
+    # df 40, beyond the table: z 1.959964 + (7.529 + 1.960) / 160 + (144.6 + 120.5 + 5.88) / 153600 = 2.02103
+    # (scipy's t.ppf(0.975, 40): 2.021075; the normal's 1.96 alone was narrower)
+    assert paired.t975(40) == pytest.approx(2.02103, abs=1e-4)
     assert math.isnan(paired.interval([0.5])[1])
     # two seeds that moved by the same 34/128 (OAR-P on SmolLM2, seeds 0 and 1): sd 0, so no interval, and the
     # verdict is not "worse" on a zero-width one
@@ -30,10 +33,12 @@ def test_detectable_difference_by_hand():
     # [0.10, 0.12, 0.11]: sd 0.01, / sqrt 3 = 0.005774; (4.303 + 1.061) * 0.005774 = 0.03097
     assert stats.detectable([0.10, 0.12, 0.11]) == pytest.approx(0.03097, abs=1e-5)
     assert math.isnan(stats.detectable([0.1])) and math.isnan(stats.detectable([0.1, 0.1]))
-    # sd 0.1 and an effect of +0.03: n = 90 gives (1.96 + 0.842) * 0.1 / sqrt 90 = 0.02954 <= 0.03 (df 89 > 30: the
-    # normal's quantiles), n = 89: 0.02970 <= 0.03 too, ... n = 88: 0.02987, n = 87: 0.03004 > 0.03: 88 seeds
-    assert stats.seeds_needed(0.1, 0.03) == 88
-    assert stats.t80(4) == 0.941 and stats.t80(40) == 0.842
+    # sd 0.1 and an effect of +0.03: n = 90 gives (t975(89) 1.98698 + t80(89) 0.84568) * 0.1 / sqrt 90 = 0.02986
+    # <= 0.03, n = 89: (1.98729 + 0.84572) * 0.1 / sqrt 89 = 0.03003 > 0.03: 90 seeds (with the normal's 1.96 and
+    # 0.842, 88: too few)
+    assert stats.seeds_needed(0.1, 0.03) == 90
+    # df 40: 0.841621 + (0.5961 + 0.8416) / 160 + (2.111 + 9.538 + 2.525) / 153600 = 0.85069 (scipy's 0.850700)
+    assert stats.t80(4) == 0.941 and stats.t80(40) == pytest.approx(0.85070, abs=1e-4)
 
 
 def test_band_is_the_seeds_range_by_hand():
