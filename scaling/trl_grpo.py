@@ -42,7 +42,7 @@ import methods
 import oar
 import reward
 from config import training
-from infra import checkpoint
+from infra import checkpoint, files
 
 RULE_STATE = "rule_state.pt"  # in a TRL checkpoint folder: what the rule keeps across steps (RLSD's frozen teacher)
 # G5's aggregations and TRL's loss_type that computes each (TRL divides by its own counts: "grpo" by each
@@ -152,13 +152,18 @@ class RuleGRPOTrainer(GRPOTrainer):
         keep = methods.RULES[self.rule_args.rule].saved(self.rule_state, self.state.global_step, self.rule_args)
         if keep and self.accelerator.is_main_process:  # every process holds the same copy
             folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            torch.save(keep, os.path.join(folder, RULE_STATE))
+            # with the rule that kept it: another rule's run resumed from this folder must not read it as its own
+            files.write_tensors(os.path.join(folder, RULE_STATE), {"rule": self.rule_args.rule, "state": keep})
 
     def train(self, resume_from_checkpoint=None, **kw):
         folder = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
-        if isinstance(folder, str) and os.path.exists(os.path.join(folder, RULE_STATE)):
-            kept = torch.load(os.path.join(folder, RULE_STATE), map_location="cpu", weights_only=True)
-            self.rule_state = checkpoint.restore_rule_state({"rule_state": kept}, str(self.accelerator.device))
+        path = os.path.join(folder, RULE_STATE) if isinstance(folder, str) else None
+        if path and os.path.exists(path):
+            kept = torch.load(path, map_location="cpu", weights_only=True)
+            if kept.get("rule") != self.rule_args.rule:
+                raise SystemExit(f"{path}: kept by the rule {kept.get('rule')}, and this run's rule is "
+                                 f"{self.rule_args.rule}: resume with the same --method, or from another checkpoint")
+            self.rule_state = checkpoint.restore_rule_state({"rule_state": kept["state"]}, str(self.accelerator.device))
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kw)
 
     def _generate(self, prompts):

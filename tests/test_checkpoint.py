@@ -554,6 +554,21 @@ def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
     assert files.read_json(path) == {"seed": 2}
 
 
+def test_write_tensors_is_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = str(tmp_path / "rule_state.pt")
+    files.write_tensors(path, {"w": torch.ones(2)})
+
+    def killed_half_way(obj, f, *a, **kw):  # a kill while writing: some bytes, then nothing more
+        open(f, "wb").write(b"PK\x03")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", killed_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        files.write_tensors(path, {"w": torch.zeros(2)})
+    monkeypatch.undo()
+    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.ones(2))  # the file before, whole
+
+
 # ---- DAPO's empty steps still evaluate, save and watch the clock -----------------------------------------------------
 
 def test_empty_dapo_steps_still_evaluate_save_and_stop(base, tmp_path, monkeypatch):

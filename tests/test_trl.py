@@ -297,8 +297,14 @@ def test_rlsds_frozen_teacher_is_saved_with_a_checkpoint_and_read_back(fixed, tm
     t.train()
     after = rlsd.trainable(t.model)
     assert any(not torch.equal(after[n], p) for n, p in before.items()), "step 1 did not move the policy"
-    kept = torch.load(tmp_path / "checkpoint-1" / trl_grpo.RULE_STATE, weights_only=True)
+    saved = torch.load(tmp_path / "checkpoint-1" / trl_grpo.RULE_STATE, weights_only=True)
+    kept = saved["state"]
+    assert saved["rule"] == "rlsd" and not (tmp_path / "checkpoint-1" / (trl_grpo.RULE_STATE + ".tmp")).exists()
     assert kept["synced_at"] == 0 and all(torch.equal(kept["weights"][n], p) for n, p in before.items())
+    # another rule's run resumed from that checkpoint: refused in a line, before anything trains
+    other = trainer_for("ktae", copy.deepcopy(model), tok, problems, tmp_path, max_steps=2, **cfg)
+    with pytest.raises(SystemExit, match="kept by the rule rlsd, and this run's rule is ktae"):
+        other.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
     resumed = trainer_for("rlsd", copy.deepcopy(model), tok, problems, tmp_path, max_steps=2, **cfg)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
     assert resumed.rule_state["synced_at"] == 0
