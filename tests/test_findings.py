@@ -45,3 +45,7 @@ def test_the_authors_runs_replace_the_former_variants(tmp_path, monkeypatch):
     (folder,) = findings.unpack(str(tmp_path / "out"), {"EPYC": ["old.tar.gz", "new.tar.gz"]})
     assert sorted(os.listdir(folder)) == ["grpo-seed0", "rlsd-seed0"]
     assert json.loads(open(os.path.join(folder, "rlsd-seed0", "done.json")).read())["who"] == "new"
+    # a later archive holding a run already unpacked (grpo-seed0) is refused, not mixed in
+    archive("dup", [("grpo-seed0", "grpo")])
+    with pytest.raises(ValueError, match="dup.tar.gz: holds grpo-seed0, already unpacked"):
+        findings.unpack(str(tmp_path / "out2"), {"EPYC": ["old.tar.gz", "dup.tar.gz"]})

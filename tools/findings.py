@@ -50,13 +50,19 @@ FORMER = {"tiny-compare/runs.tar.gz", "chain-compare/runs.tar.gz", "smol-compare
 
 def unpack(tmp: str, machines: dict) -> list:
     """Each machine's archives into a folder of its own, the former RLSD and SHEAR runs left out (the log keeps their
-    rows), so that the authors' runs of the same names do not mix with them."""
+    rows), so that the authors' runs of the same names do not mix with them; any other run two archives both hold is
+    refused (ValueError)."""
     folders = []
     for name, archives in machines.items():
         d = os.path.join(tmp, name.replace(" ", "-"))
         os.makedirs(d)
         for a in archives:
             with tarfile.open(os.path.join(HERE, a)) as t:
+                # a later archive adds runs; one that would overwrite a run already unpacked (another run of the same
+                # method and seed) is refused, not mixed in file by file
+                clash = sorted({m.name.split("/")[0] for m in t.getmembers()} & set(os.listdir(d)))
+                if clash:
+                    raise ValueError(f"{a}: holds {clash[0]}, already unpacked from an earlier archive of {name}")
                 t.extractall(d)
             if a in FORMER:
                 for run in os.listdir(d):
