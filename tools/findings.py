@@ -96,18 +96,15 @@ def f3(x):
     return "n/a" if x is None or x != x else f"{x:+.3f}"
 
 
-def power(task, runs):
+def power_of(runs) -> dict:
+    """Section 1's numbers for one task: p, n_eval, the evaluation noise bound, per rule (seeds, sd, detectable,
+    training noise, seeds for +0.03) and, over the rules at five seeds, the pooled sd, its range, the detectable
+    difference at 5 seeds and the seeds +0.03 would need (with the evaluation noise alone: seeds_eval)."""
     base = runs["grpo"]
     n_eval = [r["eval_n"] for recs in base.values() for r in recs if "eval_n" in r][0]
     p = statistics.mean(last(recs) for recs in base.values())
     noise = math.sqrt(2 * p * (1 - p) / n_eval)
-    print(f"\n### {task}: power (equal steps; accuracy differences on a 0-1 scale)\n")
-    print(f"grpo's mean accuracy at the last step p = {p:.3f}, n_eval = {n_eval} problems: evaluation noise of one "
-          f"difference <= sqrt(2 p (1-p) / n) = {noise:.3f}\n")
-    print("| rule | seeds | sd of the differences | detectable (80 % power) | training noise sqrt(sd^2 - eval^2) "
-          "| seeds for +0.03 |")
-    print("|---|---|---|---|---|---|")
-    five = []
+    rules, five = [], []
     for method in sorted(runs):
         if method == "grpo" or "[" in method:
             continue
@@ -118,29 +115,48 @@ def power(task, runs):
         sd = statistics.stdev(d)
         if len(d) == 5:
             five.append(sd)
-        train = math.sqrt(max(0.0, sd ** 2 - noise ** 2))
-        print(f"| {method} | {len(d)} | {sd:.3f} | {stats.detectable(d):.3f} | {train:.3f} | "
-              f"{stats.seeds_needed(sd, 0.03)} |")
+        rules.append(dict(method=method, seeds=len(d), sd=sd, detectable=stats.detectable(d),
+                          train=math.sqrt(max(0.0, sd ** 2 - noise ** 2)), needed=stats.seeds_needed(sd, 0.03)))
     pooled = math.sqrt(statistics.mean(s ** 2 for s in five))
-    n5 = (stats.t975(4) + stats.t80(4)) * pooled / math.sqrt(5)
-    print(f"\nPooled over the {len(five)} rules at 5 seeds: sd {pooled:.3f} (range {min(five):.3f}-{max(five):.3f}), "
-          f"detectable at 5 seeds {n5:.3f}; evaluation noise {noise:.3f} is {noise ** 2 / pooled ** 2:.0%} of the "
-          f"variance, training noise sqrt({pooled:.3f}^2 - {noise:.3f}^2) = "
-          f"{math.sqrt(max(0, pooled ** 2 - noise ** 2)):.3f}; seeds for +0.03: {stats.seeds_needed(pooled, 0.03)} "
-          f"(with the evaluation noise alone, no training noise: {stats.seeds_needed(noise, 0.03)})")
+    return dict(p=p, n_eval=n_eval, noise=noise, rules=rules, n_five=len(five), pooled=pooled, low=min(five),
+                high=max(five), detectable=(stats.t975(4) + stats.t80(4)) * pooled / math.sqrt(5),
+                train=math.sqrt(max(0, pooled ** 2 - noise ** 2)), needed=stats.seeds_needed(pooled, 0.03),
+                needed_eval=stats.seeds_needed(noise, 0.03))
+
+
+def power(task, runs):
+    w = power_of(runs)
+    print(f"\n### {task}: power (equal steps; accuracy differences on a 0-1 scale)\n")
+    print(f"grpo's mean accuracy at the last step p = {w['p']:.3f}, n_eval = {w['n_eval']} problems: evaluation noise "
+          f"of one difference <= sqrt(2 p (1-p) / n) = {w['noise']:.3f}\n")
+    print("| rule | seeds | sd of the differences | detectable (80 % power) | training noise sqrt(sd^2 - eval^2) "
+          "| seeds for +0.03 |")
+    print("|---|---|---|---|---|---|")
+    for r in w["rules"]:
+        print(f"| {r['method']} | {r['seeds']} | {r['sd']:.3f} | {r['detectable']:.3f} | {r['train']:.3f} | "
+              f"{r['needed']} |")
+    print(f"\nPooled over the {w['n_five']} rules at 5 seeds: sd {w['pooled']:.3f} (range {w['low']:.3f}-"
+          f"{w['high']:.3f}), detectable at 5 seeds {w['detectable']:.3f}; evaluation noise {w['noise']:.3f} is "
+          f"{w['noise'] ** 2 / w['pooled'] ** 2:.0%} of the variance, training noise sqrt({w['pooled']:.3f}^2 - "
+          f"{w['noise']:.3f}^2) = {w['train']:.3f}; seeds for +0.03: {w['needed']} (with the evaluation noise alone, "
+          f"no training noise: {w['needed_eval']})")
+
+
+def same_seed(runs, names) -> list:
+    """grpo's same seed on two machines: (seed, machine, accuracy, other machine, accuracy) at the last evaluation."""
+    by_seed = {}
+    for (i, seed), recs in runs["grpo"].items():
+        by_seed.setdefault(seed, []).append((names[i], last(recs)))
+    return [(seed, na, a, nb, b) for seed, xs in sorted(by_seed.items())
+            for k, (na, a) in enumerate(xs) for nb, b in xs[k + 1:]]
 
 
 def machines(runs, names):
     print("\n### SmolLM2 arith: grpo's same seed on other machines (last evaluation, step 40)\n")
-    by_seed = {}
-    for (i, seed), recs in runs["grpo"].items():
-        by_seed.setdefault(seed, []).append((names[i], last(recs)))
     diffs = []
-    for seed, xs in sorted(by_seed.items()):
-        pairs = [(a, b) for k, a in enumerate(xs) for b in xs[k + 1:]]
-        for (na, a), (nb, b) in pairs:
-            diffs.append(a - b)
-            print(f"- seed {seed}: {na} {a:.3f}, {nb} {b:.3f}: {a - b:+.3f}")
+    for seed, na, a, nb, b in same_seed(runs, names):
+        diffs.append(a - b)
+        print(f"- seed {seed}: {na} {a:.3f}, {nb} {b:.3f}: {a - b:+.3f}")
     absd = [abs(x) for x in diffs]
     print(f"\n{len(diffs)} pairs: |difference| {min(absd):.3f}-{max(absd):.3f}, root mean square "
           f"{math.sqrt(statistics.mean(x * x for x in diffs)):.3f} (the sd of a paired difference between two runs "
