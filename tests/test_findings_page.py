@@ -27,6 +27,9 @@ def test_a_place_without_a_value_or_a_value_without_a_place_is_named():
         findings_page.fill("{{power}}", {})
     with pytest.raises(ValueError, match="no place takes the value 'table:tiny'"):
         findings_page.fill("text", {"table:tiny": "| x |"})
+    # a row's cell of a method no archive holds
+    with pytest.raises(ValueError, match=r"\{\{step:tiny:nosuch\}\} has no value"):
+        findings_page.fill("{{step:tiny:nosuch}}", {"_runs": {"tiny": {"grpo": {}}}})
 
 
 def test_wrap_fills_paragraphs_and_items_and_leaves_tables_and_code():

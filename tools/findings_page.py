@@ -33,7 +33,9 @@ INTERVAL = re.compile(r"\[[+-]\d\.\d{3}, [+-]\d\.\d{3}\]")
 LINK = re.compile(r"\[[^\]]+\]: ")  # a link's definition, [name]: address
 VALUES = """table:T, grpo:T, mixed:T (GRPO's mixed groups a step), detectable:T, needed:T (seeds for +0.03),
 power (section 3's rows), same seed, early, rho:T, rho-rules:T, rho-rest:T (T tiny or chain), reshaped range,
-intervals, exclude, chance (T: tiny, chain, smol)"""
+intervals, exclude, chance, and a row's cell READING:T:METHOD[:BASELINE] (READING step, wall or groups; the
+baseline grpo unless named), e.g. step:smol:dapo+ktae:dapo (T: tiny, chain, smol)"""
+CELL = re.compile(r"(step|wall|groups):(tiny|chain|smol):([^:]+)(?::(.+))?$")  # a row's cell, any baseline
 
 
 def cell(runs: dict, key: str, fmt: str = "{:.1f}"):
@@ -89,12 +91,13 @@ def table(runs: dict, again: dict, rows: list, synthetic: bool) -> list:
 
 
 def values(tmp: str) -> dict:
-    """Every place's value, from the archives unpacked into tmp; also '_folders': each task's unpacked folders."""
-    out, early, folders, n_table, n_excl, spans = {}, [], {}, 0, 0, []
+    """Every place's value, from the archives unpacked into tmp; also '_folders' and '_runs': each task's unpacked
+    folders and their finished runs (tools.paired.finished), which the places of a row's cell read (row_cell)."""
+    out, early, folders, n_table, n_excl, spans, all_runs = {}, [], {}, 0, 0, [], {}
     for task, machines in findings.TASKS.items():
         t = SHORT[task]
         folders[t] = findings.unpack(os.path.join(tmp, t), machines)
-        runs = paired.finished(*folders[t])
+        runs = all_runs[t] = paired.finished(*folders[t])
         again = {}
         if task in findings.RESHAPED:
             again = paired.finished(findings.unpack(os.path.join(tmp, t + "-again"),
@@ -135,8 +138,24 @@ def values(tmp: str) -> dict:
     out["early"] = "; ".join(early)
     (lo, lo_m), (hi, hi_m) = min(spans), max(spans)
     out["reshaped range"] = f"{lo:.2f} ({lo_m.upper()}) to {hi:.2f} ({hi_m.upper()})"
-    out["_tables"], out["_excluding"], out["_folders"] = n_table, n_excl, folders
+    out["_tables"], out["_excluding"], out["_folders"], out["_runs"] = n_table, n_excl, folders, all_runs
     return out
+
+
+def row_cell(name: str, vals: dict):
+    """The value of a place READING:T:METHOD[:BASELINE] (CELL): the method's paired difference from the baseline
+    on task T at that reading, as the tables write it (with its detectable difference); None where no such row."""
+    m = CELL.match(name)
+    if not m or m.group(2) not in vals.get("_runs", {}):
+        return None
+    reading, t, method, baseline = m.group(1), m.group(2), m.group(3), m.group(4) or "grpo"
+    runs = vals["_runs"][t]
+    if baseline not in runs:
+        return None
+    r = next((r for r in paired.rows(runs, baseline, 0.5) if r["method"] == method), None)
+    if r is None or r.get("d_" + reading) is None:
+        return None
+    return verdict_cell(r, "d_" + reading)
 
 
 def fill(template: str, vals: dict) -> str:
@@ -145,6 +164,7 @@ def fill(template: str, vals: dict) -> str:
     a value with no place."""
     names = set(re.findall(r"\{\{([^}]+)\}\}", template))
     counted = {"intervals", "exclude", "chance"}
+    vals = {**vals, **{n: v for n in names - set(vals) if (v := row_cell(n, vals)) is not None}}
     missing = sorted(names - set(vals) - counted)
     if missing:
         raise ValueError(f"{TEMPLATE}: {{{{{missing[0]}}}}} has no value (the values: {VALUES})")
