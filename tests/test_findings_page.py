@@ -39,3 +39,17 @@ def test_wrap_fills_paragraphs_and_items_and_leaves_tables_and_code():
     # the quote's paragraph, then its item at "> - " and its continuation at ">   " (14 columns at most)
     assert out[:5] == ["> Intro words", "> here.", "> - one two", ">   three four", ">   five six"]
     assert out[5:] == ["", "| a | b c d e f g |", "", "    code  stays   as is", "", "[q]: some/where"]
+    # a line never begins with a list marker taken from the text: "- b" stays after "aaaa" (a line of 8 columns)
+    assert findings_page.wrap("aaaa bb - b", width=8).splitlines() == ["aaaa", "bb - b"]
+    assert findings_page.wrap("aaaa - bbbb", width=6).splitlines() == ["aaaa -", "bbbb"]
+
+
+def test_check_names_the_first_line_that_differs_even_at_the_end(tmp_path, monkeypatch):
+    # the archives' page "a\nb\n" against a page with one blank line more: line 3 differs (no line of the shorter)
+    monkeypatch.setattr(findings_page, "page", lambda tmp: ("a\nb\n", {}))
+    monkeypatch.setattr(findings_page, "PAGE", str(tmp_path / "findings.md"))
+    (tmp_path / "findings.md").write_text("a\nb\n\n")
+    with pytest.raises(SystemExit, match="findings.md: line 3 is not the archives' page"):
+        findings_page.main(["--check"])
+    (tmp_path / "findings.md").write_text("a\nb\n")
+    findings_page.main(["--check"])

@@ -30,12 +30,16 @@ WIDTH = 120
 SHORT = {"tiny": "tiny", "chain": "chain", "SmolLM2 arith": "smol"}  # a task's name in the template's places
 # a difference's interval as the page writes it (signed ends): what "intervals read on this page" counts
 INTERVAL = re.compile(r"\[[+-]\d\.\d{3}, [+-]\d\.\d{3}\]")
+BLOCK_START = re.compile(r" ([-+*>#]|\d+[.)]) ")  # " - " in "sd^2 - b^2": a list item if a line began with it
 LINK = re.compile(r"\[[^\]]+\]: ")  # a link's definition, [name]: address
 VALUES = """table:T, grpo:T, mixed:T (GRPO's mixed groups a step), detectable:T, needed:T (seeds for +0.03),
-power (section 3's rows), same seed, early, rho:T, rho-rules:T, rho-rest:T (T tiny or chain), reshaped range,
-intervals, exclude, chance, and a row's cell READING:T:METHOD[:BASELINE] (READING step, wall or groups; the
-baseline grpo unless named), e.g. step:smol:dapo+ktae:dapo (T: tiny, chain, smol)"""
-CELL = re.compile(r"(step|wall|groups):(tiny|chain|smol):([^:]+)(?::(.+))?$")  # a row's cell, any baseline
+power (section 2's rows), same-seed, early, rho:T, rho-rules:T, rho-rest:T (T tiny or chain), best-blamer,
+reshaped range, intervals, exclude, chance; and a method's: step:T:METHOD[:BASELINE], wall:..., groups:... (its
+paired difference at that reading, the baseline grpo unless named: step:smol:dapo+ktae:dapo), mean:... (the
+equal-steps mean alone), mixed:T:METHOD, sampled:T:METHOD (groups a step) (T: tiny, chain, smol)"""
+# a method's place: its paired difference from a baseline at a reading (or the mean alone), or a per-step metric
+CELL = re.compile(r"(step|wall|groups|mean|mixed|sampled):(tiny|chain|smol):([^:]+)(?::(.+))?$")
+METRIC = {"mixed": "groups_mixed", "sampled": "groups_generated"}
 
 
 def cell(runs: dict, key: str, fmt: str = "{:.1f}"):
@@ -73,13 +77,17 @@ def table(runs: dict, again: dict, rows: list, synthetic: bool) -> list:
     if synthetic:
         rows = sorted(rows, key=lambda r: -(r["auc"][0] if r["auc"] else 0.5))
     else:
-        rows = sorted(rows, key=lambda r: (len({i for i, _ in r["seeds"]}) == 1, -r["d_step"][0]))
+        # a run's key is (folder, seed) where the task has several machines' folders (tools.paired.finished)
+        rows = sorted(rows, key=lambda r: (len({k[0] if isinstance(k, tuple) else 0 for k in r["seeds"]}) == 1,
+                                           -r["d_step"][0]))
     lines = ["| method | " + ("first-error AUC" if synthetic else "seeds") +
              " | equal steps | at GRPO's wall-clock | mixed | reshaped |", "|---|---|---|---|---|---|"]
     for r in rows:
         m = r["method"]
         if synthetic:
-            first = paired._ci(r["auc"], False) if r["auc"] and r["auc"][1] == r["auc"][1] else "0.500 (uniform)"
+            # a method without a token rule blames every token alike: AUC 0.5 at every seed, no spread
+            uniform = methods.parse(m)[1] == "none"
+            first = "0.500 (uniform)" if uniform else paired._ci(r["auc"], False) if r["auc"] else "n/a"
         else:
             first = str(len(r["seeds"]))
         mixed, kept, drawn = (cell(runs[m], k) for k in ("groups_mixed", "groups_kept", "groups_generated"))
@@ -93,7 +101,7 @@ def table(runs: dict, again: dict, rows: list, synthetic: bool) -> list:
 def values(tmp: str) -> dict:
     """Every place's value, from the archives unpacked into tmp; also '_folders' and '_runs': each task's unpacked
     folders and their finished runs (tools.paired.finished), which the places of a row's cell read (row_cell)."""
-    out, early, folders, n_table, n_excl, spans, all_runs = {}, [], {}, 0, 0, [], {}
+    out, early, folders, n_table, n_excl, spans, all_runs, bests = {}, [], {}, 0, 0, [], {}, set()
     for task, machines in findings.TASKS.items():
         t = SHORT[task]
         folders[t] = findings.unpack(os.path.join(tmp, t), machines)
@@ -102,15 +110,22 @@ def values(tmp: str) -> dict:
         if task in findings.RESHAPED:
             again = paired.finished(findings.unpack(os.path.join(tmp, t + "-again"),
                                                     {"EPYC": [findings.RESHAPED[task]]})[0])
-        # the tables' rows: each method paired over two seeds or more; variants (DAPO's parts) are section 5's
+        # the tables' rows: each method paired over two seeds or more; variants (DAPO's parts) are section 4's
         rows = [r for r in paired.rows(runs, "grpo", 0.5) if len(r["seeds"]) > 1 and "[" not in r["method"]]
         synthetic = any(r["auc"] for r in rows)
         out[f"table:{t}"] = "\n".join(table(runs, again, rows, synthetic))
-        n_table += 2 * len(rows)
-        n_excl += sum(1 for r in rows for k in ("d_step", "d_wall") if r[k][1] > 0 or r[k][2] < 0)
-        # GRPO's last accuracy over all its runs of the task (each row pairs with some of them), its mixed groups
-        last = [findings.last(recs) for recs in runs["grpo"].values()]
-        out[f"grpo:{t}"] = f"{paired._ci(stats.interval(last), False)} over its {len(last)} runs"
+        read = [r[k] for r in rows for k in ("d_step", "d_wall") if r[k][1] == r[k][1]]  # n/a cells: none read
+        n_table += len(read)
+        n_excl += sum(1 for _, low, high in read if low > 0 or high < 0)
+        # GRPO's last accuracy over its seeds (a seed run on several machines averaged first: one seed, not several
+        # independent runs), each row pairing with some of them; its mixed groups a step
+        by_seed = {}
+        for key, recs in runs["grpo"].items():
+            by_seed.setdefault(key[1] if isinstance(key, tuple) else key, []).append(findings.last(recs))
+        n_runs = sum(map(len, by_seed.values()))
+        acc = stats.interval([statistics.mean(v) for v in by_seed.values()])
+        out[f"grpo:{t}"] = f"{paired._ci(acc, False)} over its {len(by_seed)} seeds" + \
+            (f" ({n_runs} runs on its machines, averaged per seed)" if n_runs > len(by_seed) else "")
         out[f"mixed:{t}"] = cell(runs["grpo"], "groups_mixed")
         w = findings.power_of(runs)
         out[f"detectable:{t}"], out[f"needed:{t}"] = f"{w['detectable']:.2f}", str(w["needed"])
@@ -122,40 +137,52 @@ def values(tmp: str) -> dict:
         early.append(f"{task.split()[0]}: " + (", ".join(e) if e else "none"))
         if len(machines) > 1:
             d = [a - b for _, _, a, _, b in findings.same_seed(runs, list(machines))]
-            out["same seed"] = (f"{min(map(abs, d)):.3f}-{max(map(abs, d)):.3f} apart in {len(d)} pairs (root mean "
+            out["same-seed"] = (f"{min(map(abs, d)):.3f}-{max(map(abs, d)):.3f} apart in {len(d)} pairs (root mean "
                                 f"square {math.sqrt(statistics.mean(x * x for x in d)):.3f})")
         if synthetic:
             # rank correlation of blame and gain: every row, the credit rules (a token rule), and without the best
-            # blamer (the highest AUC: surprisal, also the worst learner)
-            rules = [r for r in rows if methods.parse(r["method"])[1] != "none"]
+            # blamer (the highest AUC: surprisal, also the worst learner, so the rank correlation leans on it)
+            rules = [r for r in rows if methods.parse(r["method"])[1] != "none" and r["auc"]]
             best = max(rules, key=lambda r: r["auc"][0])
+            bests.add(best["method"])
             for name, rs in (("rho", rows), ("rho-rules", rules), ("rho-rest", [r for r in rules if r is not best])):
                 out[f"{name}:{t}"] = "{:+.2f}".format(paired.spearman(
                     [r["auc"][0] if r["auc"] else 0.5 for r in rs], [r["d_step"][0] for r in rs]))
             spans += [(float(reshaped(r["method"], runs, again)), r["method"]) for r in rules
-                      if methods.parse(r["method"])[0] == "grpo" and reshaped(r["method"], runs, again)]
+                      if reshaped(r["method"], runs, again)]
     out["power"] = "\n".join(out["power"])
     out["early"] = "; ".join(early)
-    (lo, lo_m), (hi, hi_m) = min(spans), max(spans)
-    out["reshaped range"] = f"{lo:.2f} ({lo_m.upper()}) to {hi:.2f} ({hi_m.upper()})"
+    if spans:
+        (lo, lo_m), (hi, hi_m) = min(spans), max(spans)
+        out["reshaped-range"] = f"{lo:.2f} ({lo_m.upper()}) to {hi:.2f} ({hi_m.upper()})"
+    out["best-blamer"] = " and ".join(sorted(bests)) or None
     out["_tables"], out["_excluding"], out["_folders"], out["_runs"] = n_table, n_excl, folders, all_runs
     return out
 
 
-def row_cell(name: str, vals: dict):
-    """The value of a place READING:T:METHOD[:BASELINE] (CELL): the method's paired difference from the baseline
-    on task T at that reading, as the tables write it (with its detectable difference); None where no such row."""
+def row_cell(name: str, vals: dict, cache: dict = None):
+    """The value of a method's place (CELL) on task T: READING:T:METHOD[:BASELINE] its paired difference from the
+    baseline at that reading (step, wall, groups) with its interval and detectable difference, bold with its verdict
+    where better or worse (the tables give the wall-clock reading's without its detectable difference); mean:... the
+    equal-steps mean alone; mixed:T:METHOD and sampled:T:METHOD its groups a step. None where no such row: a method
+    not run, a reading it does not have, or fewer than two seeds (no interval)."""
     m = CELL.match(name)
     if not m or m.group(2) not in vals.get("_runs", {}):
         return None
     reading, t, method, baseline = m.group(1), m.group(2), m.group(3), m.group(4) or "grpo"
     runs = vals["_runs"][t]
+    if reading in METRIC:
+        return cell(runs[method], METRIC[reading]) if method in runs and baseline == "grpo" else None
     if baseline not in runs:
         return None
-    r = next((r for r in paired.rows(runs, baseline, 0.5) if r["method"] == method), None)
-    if r is None or r.get("d_" + reading) is None:
+    cache = {} if cache is None else cache
+    if (t, baseline) not in cache:  # every place of one table pairs the same runs
+        cache[t, baseline] = {r["method"]: r for r in paired.rows(runs, baseline, 0.5)}
+    r = cache[t, baseline].get(method)
+    key = "d_step" if reading == "mean" else "d_" + reading
+    if r is None or len(r["seeds"]) < 2 or r.get(key) is None or r[key][1] != r[key][1]:
         return None
-    return verdict_cell(r, "d_" + reading)
+    return f"{r[key][0]:+.3f}" if reading == "mean" else verdict_cell(r, key)
 
 
 def fill(template: str, vals: dict) -> str:
@@ -164,13 +191,17 @@ def fill(template: str, vals: dict) -> str:
     a value with no place."""
     names = set(re.findall(r"\{\{([^}]+)\}\}", template))
     counted = {"intervals", "exclude", "chance"}
-    vals = {**vals, **{n: v for n in names - set(vals) if (v := row_cell(n, vals)) is not None}}
+    cache = {}
+    vals = {**vals, **{n: v for n in names - set(vals) if (v := row_cell(n, vals, cache)) is not None}}
     missing = sorted(names - set(vals) - counted)
     if missing:
         raise ValueError(f"{TEMPLATE}: {{{{{missing[0]}}}}} has no value (the values: {VALUES})")
     unused = sorted(k for k in set(vals) - names if not k.startswith("_"))
     if unused:
         raise ValueError(f"{TEMPLATE}: no place takes the value {unused[0]!r}")
+    empty = sorted(k for k in names & set(vals) if vals[k] is None)
+    if empty:
+        raise ValueError(f"{TEMPLATE}: {{{{{empty[0]}}}}}: the archives hold no value for it")
     s = re.sub(r"\{\{([^}]+)\}\}", lambda m: vals[m.group(1)] if m.group(1) in vals else m.group(0), template)
     in_tables = {x for line in s.splitlines() if line.startswith("|") for x in INTERVAL.findall(line)}
     prose = [x for line in s.splitlines() if not line.startswith("|") for x in INTERVAL.findall(line)
@@ -206,10 +237,12 @@ def wrap(text: str, width: int = WIDTH) -> str:
         items.append(cur)
         for item in items:
             lead = "- " if item[0].startswith("- ") else ""
-            words = " ".join(item)[len(lead):]
-            out.extend(textwrap.wrap(words, width, initial_indent=quote + lead,
-                                     subsequent_indent=quote + " " * len(lead), break_on_hyphens=False,
-                                     break_long_words=False))
+            # a line must not begin with what Markdown reads as a new block ("- ", "+ ", "> ", "# ", "1. "): such a
+            # token is glued to the word before it (a NUL, made a space again after wrapping)
+            words = BLOCK_START.sub("\0\\1 ", " ".join(item)[len(lead):])
+            out.extend(line.replace("\0", " ") for line in textwrap.wrap(
+                words, width, initial_indent=quote + lead, subsequent_indent=quote + " " * len(lead),
+                break_on_hyphens=False, break_long_words=False))
         block.clear()
 
     for line in text.split("\n"):
@@ -250,8 +283,10 @@ def main(argv=None):
             with open(PAGE) as f:
                 now = f.read()
             if now != text:
-                line = next(i for i, (x, y) in enumerate(zip(now.splitlines() + [""], text.splitlines() + [""])) if x != y)
-                sys.exit(f"{PAGE}: line {line + 1} is not the archives' page; `python -m tools.findings_page` remakes it")
+                a_, b_ = now.splitlines(keepends=True), text.splitlines(keepends=True)
+                line = next((i for i, (x, y) in enumerate(zip(a_, b_)) if x != y), min(len(a_), len(b_)))
+                sys.exit(f"{PAGE}: line {line + 1} is not the archives' page; `python -m tools.findings_page` "
+                         "remakes it")
             print(f"{PAGE}: the archives' page ({len(text.splitlines())} lines)")
             return
         with open(PAGE + ".tmp", "w") as f:  # whole or not at all
