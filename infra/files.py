@@ -5,6 +5,7 @@ outfolder.py, tools.compare, tools.attribution, tools.perf.gpu_check).
     write_json(path, obj)   whole or not at all: written beside, then renamed over (a kill leaves the old file)
     write_jsonl(path, rows) the same for a file of JSON lines rewritten whole (metrics.jsonl, rollouts.jsonl)
     write_tensors(path, obj) the same for torch.save's file (a rule's state beside a TRL checkpoint)
+    write_text(path, text)  the same for a text file (docs/findings.md, remade by tools.findings_page)
     read_json(path)         the contents, or None where the file is missing or not JSON (a half-written file)
     lock(folder)            an exclusive flock on FOLDER/.lock, or None where another process holds it
 """
@@ -24,6 +25,13 @@ def write_jsonl(path: str, rows):
     """A file of JSON lines, one a row, rewritten whole or not at all, as write_json."""
     with open(path + ".tmp", "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
+    os.replace(path + ".tmp", path)
+
+
+def write_text(path: str, text: str):
+    """A text file written whole or not at all, as write_json."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
     os.replace(path + ".tmp", path)
 
 

@@ -554,6 +554,24 @@ def test_write_json_is_whole_or_not_at_all(tmp_path, monkeypatch):
     assert files.read_json(path) == {"seed": 2}
 
 
+def test_write_text_is_whole_or_not_at_all(tmp_path, monkeypatch):
+    path = str(tmp_path / "findings.md")
+    files.write_text(path, "the page\n")
+    real_open = open
+
+    def killed_half_way(name, mode="r", *a, **kw):  # a kill while writing: the file opened, then nothing more
+        if "w" in mode:
+            real_open(name, mode).write("the pa")
+            raise KeyboardInterrupt
+        return real_open(name, mode, *a, **kw)
+
+    monkeypatch.setattr("builtins.open", killed_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        files.write_text(path, "another page\n")
+    monkeypatch.undo()
+    assert real_open(path).read() == "the page\n"  # the file before, whole
+
+
 def test_write_tensors_is_whole_or_not_at_all(tmp_path, monkeypatch):
     path = str(tmp_path / "rule_state.pt")
     files.write_tensors(path, {"w": torch.ones(2)})

@@ -20,7 +20,7 @@ import tempfile
 import textwrap
 
 import methods
-from infra import stats
+from infra import files, stats
 from tools import findings, paired
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -289,9 +289,7 @@ def main(argv=None):
                          "remakes it")
             print(f"{PAGE}: the archives' page ({len(text.splitlines())} lines)")
             return
-        with open(PAGE + ".tmp", "w") as f:  # whole or not at all
-            f.write(text)
-        os.replace(PAGE + ".tmp", PAGE)
+        files.write_text(PAGE, text)
         print(f"{PAGE}: {len(text.splitlines())} lines")
         if a.figures:
             import contextlib
