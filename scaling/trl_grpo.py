@@ -152,8 +152,14 @@ class RuleGRPOTrainer(GRPOTrainer):
         keep = methods.RULES[self.rule_args.rule].saved(self.rule_state, self.state.global_step, self.rule_args)
         if keep and self.accelerator.is_main_process:  # every process holds the same copy
             folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
-            # with the rule that kept it: another rule's run resumed from this folder must not read it as its own
-            files.write_tensors(os.path.join(folder, RULE_STATE), {"rule": self.rule_args.rule, "state": keep})
+            # with the rule and its flags that kept it: a run of another rule, or of the same rule with other flags
+            # (another sync interval), resumed from this folder must not read it as its own
+            files.write_tensors(os.path.join(folder, RULE_STATE), {"rule": self.rule_args.rule, "knobs": self._knobs(),
+                                                                   "state": keep})
+
+    def _knobs(self) -> dict:
+        """The rule's own flags as this run set them (methods.Knob), which define what its kept state means."""
+        return {k.flag: getattr(self.rule_args, k.dest, None) for k in methods.RULES[self.rule_args.rule].knobs}
 
     def train(self, resume_from_checkpoint=None, **kw):
         folder = get_last_checkpoint(self.args.output_dir) if resume_from_checkpoint is True else resume_from_checkpoint
@@ -163,6 +169,11 @@ class RuleGRPOTrainer(GRPOTrainer):
             if kept.get("rule") != self.rule_args.rule:
                 raise SystemExit(f"{path}: kept by the rule {kept.get('rule')}, and this run's rule is "
                                  f"{self.rule_args.rule}: resume with the same --method, or from another checkpoint")
+            other = {f: v for f, v in kept.get("knobs", {}).items() if self._knobs().get(f) != v}
+            if other:
+                flag, value = next(iter(other.items()))
+                raise SystemExit(f"{path}: kept with {flag} {value}, and this run's is {self._knobs().get(flag)}: "
+                                 f"resume with the flags that made it, or from another checkpoint")
             self.rule_state = checkpoint.restore_rule_state({"rule_state": kept["state"]}, str(self.accelerator.device))
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kw)
 

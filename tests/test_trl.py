@@ -305,6 +305,11 @@ def test_rlsds_frozen_teacher_is_saved_with_a_checkpoint_and_read_back(fixed, tm
     other = trainer_for("ktae", copy.deepcopy(model), tok, problems, tmp_path, max_steps=2, **cfg)
     with pytest.raises(SystemExit, match="kept by the rule rlsd, and this run's rule is ktae"):
         other.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
+    # the same rule with another sync interval (what the kept teacher's sync step means): refused too
+    other = trainer_for("rlsd", copy.deepcopy(model), tok, problems, tmp_path, max_steps=2, **cfg)
+    other.rule_args.rlsd_sync_every += 1
+    with pytest.raises(SystemExit, match="kept with --rlsd-sync-every"):
+        other.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
     resumed = trainer_for("rlsd", copy.deepcopy(model), tok, problems, tmp_path, max_steps=2, **cfg)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-1"))
     assert resumed.rule_state["synced_at"] == 0
